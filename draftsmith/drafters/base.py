@@ -1,0 +1,56 @@
+"""The Drafter contract: what the engine asks of every drafter, and nothing more.
+
+A drafter never calls the target. The engine owns the target; it hands the drafter the token ids
+now in context and, when the drafter declares `needs_features`, the hidden states of those target
+layers. One drafter object serves one request (one row of a batch): the engine makes one per row
+through a `DrafterFactory`, which is also where state shared across requests lives (for example
+suffix decoding's global tree of earlier outputs).
+
+Words: k = number of drafted tokens asked for; q = the draft distribution. A deterministic drafter
+(n-gram, suffix) returns `probs=None`, which verification treats as a one-hot q.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+@dataclass
+class Draft:
+    """Proposed tokens for one row. `tokens` may be shorter than the k asked for (even empty)."""
+
+    tokens: list[int]
+    probs: torch.Tensor | None = None  # [len(tokens), vocab] draft distribution q, or None (one-hot)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    # Target layer ids whose hidden states this drafter consumes; () for training-free drafters.
+    needs_features: tuple[int, ...]
+
+    def start(self, prompt_ids: list[int], features: torch.Tensor | None) -> None:
+        """Called once after prefill with the prompt (and its features [len, n_layers, hidden])."""
+
+    def propose(self, k: int) -> Draft:
+        """Propose up to k tokens that continue the current context."""
+
+    def commit(self, accepted_ids: list[int], features: torch.Tensor | None) -> None:
+        """The engine committed these tokens (accepted drafts plus the target's own token)."""
+
+
+class DrafterFactory(Protocol):
+    """Makes one drafter per request; holds whatever is shared across requests."""
+
+    name: str
+    needs_features: tuple[int, ...]
+
+    def __call__(self) -> Drafter: ...
+
+    def finish(self, prompt_ids: list[int], output_ids: list[int]) -> None:
+        """A request ended; factories may learn from its output (e.g. a global suffix tree)."""

@@ -1,0 +1,76 @@
+"""Name -> drafter factory, so `--drafters ar,ngram,suffix,eagle3:PATH` parses without the engine
+knowing any drafter by name.
+
+A spec is `NAME` or `NAME:ARG`. What ARG means is the builder's business: a checkpoint path for
+trained drafters, `key=value` options joined by `:` for training-free ones
+(`ngram:max_n=4:min_n=2`). `ar` is plain decoding: no drafter at all.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from draftsmith.drafters.base import DrafterFactory
+from draftsmith.errors import UserError
+
+Builder = Callable[[str | None], DrafterFactory]
+_BUILDERS: dict[str, Builder] = {}
+
+AR = "ar"
+
+
+def register(name: str) -> Callable[[Builder], Builder]:
+    """Decorator: `@register("ngram")` on a function `(arg) -> DrafterFactory`."""
+
+    def wrap(builder: Builder) -> Builder:
+        _BUILDERS[name] = builder
+        return builder
+
+    return wrap
+
+
+def _load_builtin() -> None:
+    # Importing the modules runs their @register decorators.
+    from draftsmith.drafters import ngram, suffix  # noqa: F401
+
+
+def available() -> list[str]:
+    _load_builtin()
+    return [AR, *sorted(_BUILDERS)]
+
+
+def split_specs(specs: str) -> list[str]:
+    """'ar, ngram,suffix' -> ['ar', 'ngram', 'suffix']; refuses an empty list."""
+    out = [s.strip() for s in specs.split(",") if s.strip()]
+    if not out:
+        raise UserError("--drafters is empty: give a comma-separated list such as ar,ngram,suffix")
+    return out
+
+
+def build(spec: str) -> DrafterFactory | None:
+    """Build the factory for one spec; None means plain autoregressive decoding (`ar`)."""
+    name, _, arg = spec.partition(":")
+    name = name.strip().lower()
+    if name == AR:
+        return None
+    _load_builtin()
+    if name not in _BUILDERS:
+        raise UserError(f"unknown drafter '{name}': choose one of {', '.join(available())}")
+    return _BUILDERS[name](arg or None)
+
+
+def parse_options(arg: str | None, defaults: dict[str, int | float]) -> dict[str, int | float]:
+    """Parse 'max_n=4:min_n=2' against typed defaults; unknown keys and bad values are user errors."""
+    opts = dict(defaults)
+    if not arg:
+        return opts
+    for part in arg.split(":"):
+        key, eq, value = part.partition("=")
+        if not eq or key not in defaults:
+            raise UserError(f"bad drafter option '{part}': expected key=value with key in {', '.join(defaults)}")
+        kind = type(defaults[key])
+        try:
+            opts[key] = kind(value)
+        except ValueError:
+            raise UserError(f"bad drafter option '{part}': {key} must be a {kind.__name__}") from None
+    return opts
