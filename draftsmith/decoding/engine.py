@@ -1,0 +1,280 @@
+"""The engine: prefill, then (draft -> one target forward verifies -> accept -> commit)* per batch.
+
+Plain autoregressive decoding is the same loop with no drafter (every draft is empty). Rows of a
+batch have their own prompt length, draft length and number of accepted tokens; the `RaggedCache`
+makes that free. Hybrid targets (linear-attention layers) cannot roll back their recurrent state by
+moving a length, so after a partial acceptance the engine restores the state saved before the step
+and replays the accepted tokens (a second, short forward; only for those targets).
+
+The engine knows nothing about tokenization: stop strings arrive as a callback over token ids, and
+streaming leaves as a callback with the newly committed ids of a row.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from draftsmith.decoding.sampling import SamplingParams, make_generator, target_probs
+from draftsmith.decoding.verify import verify_greedy, verify_sampling
+from draftsmith.drafters.base import Draft, Drafter, DrafterFactory
+from draftsmith.errors import UserError
+from draftsmith.target.model import Target
+
+StopFn = Callable[[int, list[int]], bool]  # (row, output ids so far) -> stop now?
+StreamFn = Callable[[int, list[int]], None]  # (row, newly committed ids)
+
+
+@dataclass
+class DecodeStats:
+    steps: int = 0
+    decode_tokens: int = 0  # tokens committed by decode steps (the first token comes from prefill)
+    proposed: list[int] = field(default_factory=list)  # [i]: steps whose draft reached position i+1
+    accepted: list[int] = field(default_factory=list)  # [i]: ... and whose token i+1 was accepted
+    prefill_s: float = 0.0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    decode_s: float = 0.0
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens committed per verify step, including the target's own token."""
+        return self.decode_tokens / self.steps if self.steps else 0.0
+
+    @property
+    def accept_per_pos(self) -> list[float]:
+        return [a / p for a, p in zip(self.accepted, self.proposed, strict=True) if p]
+
+    def record(self, draft_len: int, n_accepted: int) -> None:
+        while len(self.proposed) < draft_len:
+            self.proposed.append(0)
+            self.accepted.append(0)
+        for i in range(min(draft_len, n_accepted + 1)):
+            self.proposed[i] += 1
+        for i in range(n_accepted):
+            self.accepted[i] += 1
+
+    def merge(self, other: DecodeStats) -> None:
+        for name in ("steps", "decode_tokens", "prefill_s", "draft_s", "verify_s", "decode_s"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        grow = len(other.proposed) - len(self.proposed)
+        self.proposed += [0] * grow
+        self.accepted += [0] * grow
+        for i in range(len(other.proposed)):
+            self.proposed[i] += other.proposed[i]
+            self.accepted[i] += other.accepted[i]
+
+
+@dataclass
+class Result:
+    token_ids: list[int]  # generated ids only
+    finish_reason: str  # "stop" (EOS or stop string) or "length"
+    stats: DecodeStats
+
+
+@dataclass
+class _Row:
+    index: int  # position in the caller's prompt list
+    drafter: Drafter | None
+    generator: torch.Generator | None
+    budget: int
+    output: list[int] = field(default_factory=list)
+    pending: int = -1  # last committed token, not yet in the cache
+    finish: str | None = None
+
+
+@torch.inference_mode()
+def generate(
+    target: Target,
+    drafter: DrafterFactory | None,
+    prompts: list[list[int]],
+    *,
+    k: int = 8,
+    sampling: SamplingParams | None = None,
+    max_new_tokens: int = 256,
+    stop: StopFn | None = None,
+    on_tokens: StreamFn | None = None,
+) -> list[Result]:
+    """Generate for a batch of prompts; one Result per prompt, in order. Stats are per batch."""
+    sampling = sampling or SamplingParams()
+    _check(target, prompts, k, max_new_tokens)
+    feature_layers = tuple(drafter.needs_features) if drafter is not None else ()
+    stats = DecodeStats()
+    rows = [
+        _Row(
+            index=i,
+            drafter=drafter() if drafter is not None else None,
+            generator=None if sampling.greedy else make_generator(sampling.seed, i),
+            budget=max_new_tokens,
+        )
+        for i in range(len(prompts))
+    ]
+    capacity = max(len(p) for p in prompts) + max_new_tokens + k + 2
+    cache = target.new_cache(len(prompts), capacity)
+
+    # ---- prefill ------------------------------------------------------------------------------
+    t0 = time.perf_counter()
+    logits, feats = _prefill(target, cache, prompts, feature_layers)
+    for r, row in enumerate(rows):
+        first = _pick(logits[r], sampling, row.generator)
+        row_feats = feats[r, : len(prompts[r])] if feats is not None else None
+        _commit(row, [first], target, stop, on_tokens)
+        if row.drafter is not None:
+            row.drafter.start(list(prompts[r]), row_feats)
+            # No token entered the cache with `first`: its features arrive with the next step.
+            row.drafter.commit([first], None if row_feats is None else row_feats[:0])
+    target.sync()
+    stats.prefill_s = time.perf_counter() - t0
+
+    # ---- decode -------------------------------------------------------------------------------
+    t_decode = time.perf_counter()
+    live = [row for row in rows if row.finish is None]
+    while live:
+        t = time.perf_counter()
+        drafts = [_propose(row, k) for row in live]
+        stats.draft_s += time.perf_counter() - t
+
+        t = time.perf_counter()
+        q = 1 + max(len(d) for d in drafts)
+        ids = torch.zeros(len(live), q, dtype=torch.long)
+        for b, (row, d) in enumerate(zip(live, drafts, strict=True)):
+            ids[b, 0] = row.pending
+            ids[b, 1 : 1 + len(d)] = torch.tensor(d.tokens, dtype=torch.long)
+        snap = cache.snapshot_state() if cache.has_recurrent_state else None
+        out = target.forward(cache, ids, feature_layers=feature_layers)
+        decisions = _verify(out.logits, drafts, live, sampling)
+        target.sync()
+        stats.verify_s += time.perf_counter() - t
+
+        if snap is not None:
+            _replay(target, cache, snap, ids, decisions, q)
+        t = time.perf_counter()
+        for b, (row, d, (n, nxt)) in enumerate(zip(live, drafts, decisions, strict=True)):
+            cache.advance(b, n + 1)  # the pending token and n accepted drafts now stand in the cache
+            stats.record(len(d), n)
+            committed = _commit(row, d.tokens[:n] + [nxt], target, stop, on_tokens)
+            stats.steps += 1
+            stats.decode_tokens += committed
+            if row.drafter is not None and row.finish is None:
+                row_feats = out.features[b, : n + 1] if out.features is not None else None
+                row.drafter.commit(d.tokens[:n] + [nxt], row_feats)
+        stats.draft_s += time.perf_counter() - t
+        keep = [b for b, row in enumerate(live) if row.finish is None]
+        if len(keep) < len(live):
+            cache.keep_rows(keep)
+            live = [live[b] for b in keep]
+    target.sync()
+    stats.decode_s = time.perf_counter() - t_decode
+
+    if drafter is not None:
+        for row in rows:
+            drafter.finish(list(prompts[row.index]), row.output)
+    return [Result(token_ids=row.output, finish_reason=row.finish or "length", stats=stats) for row in rows]
+
+
+def _check(target: Target, prompts: list[list[int]], k: int, max_new_tokens: int) -> None:
+    if not prompts:
+        raise UserError("no prompts given")
+    if any(len(p) == 0 for p in prompts):
+        raise UserError("empty prompt: give at least one token of input")
+    if k <= 0:
+        raise UserError(f"--k {k} must be a positive number of drafted tokens")
+    if max_new_tokens <= 0:
+        raise UserError(f"--max-new-tokens {max_new_tokens} must be positive")
+    longest = max(len(p) for p in prompts)
+    if longest + max_new_tokens > target.max_context:
+        raise UserError(
+            f"prompt of {longest} tokens plus {max_new_tokens} new tokens exceeds the target's context of "
+            f"{target.max_context}: shorten the prompt or lower --max-new-tokens"
+        )
+
+
+def _prefill(target: Target, cache, prompts: list[list[int]], feature_layers: tuple[int, ...]):
+    """Run every prompt into the cache; return last-position logits [b, V] and features."""
+    lens = torch.tensor([len(p) for p in prompts])
+    # A hybrid target's recurrent state would absorb right padding, so it prefills rows of equal
+    # length together; attention-only targets take one padded batch.
+    groups = [[i for i in range(len(prompts)) if len(prompts[i]) == n] for n in sorted(set(lens.tolist()))]
+    if not target.is_hybrid:
+        groups = [list(range(len(prompts)))]
+    logits = torch.empty(len(prompts), target.vocab_size)
+    feats = None
+    for group in groups:
+        width = max(len(prompts[i]) for i in group)
+        ids = torch.zeros(len(group), width, dtype=torch.long)
+        for b, i in enumerate(group):
+            ids[b, : len(prompts[i])] = torch.tensor(prompts[i], dtype=torch.long)
+        idx = torch.tensor(group)
+        rows = None if len(group) == len(prompts) else idx
+        out = target.forward(cache, ids, rows=rows, logit_index=lens[idx] - 1, feature_layers=feature_layers)
+        logits[idx] = out.logits[:, 0]
+        if out.features is not None:
+            if feats is None:
+                feats = out.features.new_zeros(len(prompts), int(lens.max()), *out.features.shape[2:])
+            feats[idx, :width] = out.features
+    for i, n in enumerate(lens.tolist()):
+        cache.advance(i, n)
+    return logits, feats
+
+
+def _propose(row: _Row, k: int) -> Draft:
+    # One slot of the budget is always the target's own token, so draft at most budget - 1.
+    room = min(k, row.budget - len(row.output) - 1)
+    if row.drafter is None or room <= 0:
+        return Draft(tokens=[])
+    d = row.drafter.propose(room)
+    if len(d) > room:
+        d = Draft(tokens=d.tokens[:room], probs=None if d.probs is None else d.probs[:room])
+    return d
+
+
+def _pick(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None) -> int:
+    if sampling.greedy:
+        return int(logits.argmax())
+    p = target_probs(logits, sampling)
+    return int(torch.multinomial(p, 1, generator=generator))
+
+
+def _verify(logits: torch.Tensor, drafts: list[Draft], live: list[_Row], sampling: SamplingParams):
+    """logits [b, q, V] -> one (n accepted, next token) per row."""
+    if sampling.greedy:
+        argmax = logits.argmax(-1).tolist()
+        return [verify_greedy(d.tokens, argmax[b]) for b, d in enumerate(drafts)]
+    out = []
+    for b, (d, row) in enumerate(zip(drafts, live, strict=True)):
+        p = target_probs(logits[b, : len(d) + 1], sampling)
+        out.append(verify_sampling(d.tokens, d.probs, p, row.generator))
+    return out
+
+
+def _commit(row: _Row, tokens: list[int], target: Target, stop: StopFn | None, on_tokens: StreamFn | None) -> int:
+    """Append tokens to a row's output, cutting at EOS, a stop string or the budget. Returns the count."""
+    taken = 0
+    for tok in tokens:
+        row.output.append(tok)
+        taken += 1
+        if tok in target.eos_ids or (stop is not None and stop(row.index, row.output)):
+            row.finish = "stop"
+            break
+        if len(row.output) >= row.budget:
+            row.finish = "length"
+            break
+    row.pending = row.output[-1]
+    if on_tokens is not None:
+        on_tokens(row.index, row.output[-taken:])
+    return taken
+
+
+def _replay(target: Target, cache, snap, ids: torch.Tensor, decisions, q: int) -> None:
+    """Hybrid targets: rows that kept fewer than q tokens get their recurrent state recomputed."""
+    keep = [n + 1 for n, _ in decisions]
+    redo = [b for b, m in enumerate(keep) if m < q]
+    if not redo:
+        return
+    cache.restore_state(snap, redo)
+    for m in sorted({keep[b] for b in redo}):
+        group = [b for b in redo if keep[b] == m]
+        target.forward(cache, ids[group, :m], rows=torch.tensor(group))

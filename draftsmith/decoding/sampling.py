@@ -1,0 +1,61 @@
+"""Sampling settings and the processed target distribution p they define.
+
+Lossless means equal to what plain decoding with the same settings would sample from, so the same
+function turns logits into p for plain decoding and for verification. Temperature 0 is greedy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from draftsmith.errors import UserError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = no top-k filter
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise UserError(f"--temperature {self.temperature} is negative: use 0 (greedy) or a positive value")
+        if not 0 < self.top_p <= 1:
+            raise UserError(f"--top-p {self.top_p} is out of range: use a value in (0, 1]")
+        if self.top_k < 0:
+            raise UserError(f"--top-k {self.top_k} is negative: use 0 (off) or a positive count")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """[..., V] logits -> [..., V] float32 probabilities after temperature, top-k and top-p.
+
+    >>> p = target_probs(torch.tensor([2.0, 1.0, 0.0]), SamplingParams(temperature=1.0, top_k=2))
+    >>> [round(x, 3) for x in p.tolist()]
+    [0.731, 0.269, 0.0]
+    """
+    logits = logits.float() / params.temperature
+    if params.top_k and params.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if params.top_p < 1.0:
+        sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+        # Keep the smallest prefix whose mass reaches top_p (the token that crosses it stays in).
+        drop = (sorted_p.cumsum(-1) - sorted_p) >= params.top_p
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def make_generator(seed: int | None, row: int = 0) -> torch.Generator:
+    g = torch.Generator()
+    g.manual_seed((seed if seed is not None else torch.seed()) * 1_000_003 + row)
+    return g

@@ -1,0 +1,180 @@
+"""The target: a Hugging Face causal LM run over a `RaggedCache`, returning logits and, on request,
+the hidden states of chosen layers (what EAGLE-3 and DFlash drafters consume).
+
+This module knows how to load a model, build per-row positions and attention masks, and apply the LM
+head only where logits are needed. It does not know about drafts, acceptance or sampling.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+from draftsmith.errors import UserError
+from draftsmith.target.cache import RaggedCache
+
+DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32}
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise UserError(f"unknown --dtype '{name}': use bfloat16 or float32")
+    return DTYPES[name]
+
+
+def parse_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name not in ("cpu", "cuda"):
+        raise UserError(f"unknown --device '{name}': use cpu, cuda or auto")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda but no CUDA device is visible: use --device cpu")
+    return torch.device(name)
+
+
+@dataclass
+class ForwardOut:
+    logits: torch.Tensor  # [b, n, vocab] float32, n = q or the number of selected positions
+    features: torch.Tensor | None  # [b, q, n_feature_layers, hidden] or None
+
+
+class Target:
+    """A loaded causal LM plus what the engine needs to know about it."""
+
+    def __init__(self, model: PreTrainedModel, tokenizer, name: str, gguf_path: str | None = None) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.name = name
+        self.gguf_path = gguf_path
+        self.config = model.config.get_text_config()
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.base = model.get_decoder()
+        self.head = model.get_output_embeddings()
+        self.num_layers = self.config.num_hidden_layers
+        self.vocab_size = self.head.weight.shape[0]
+        self.max_context = getattr(self.config, "max_position_embeddings", None) or 1 << 20
+        self.softcap = getattr(self.config, "final_logit_softcapping", None)
+        types = list(getattr(self.config, "layer_types", None) or ["full_attention"] * self.num_layers)
+        self.layer_types = types
+        self.linear_layers = [i for i, t in enumerate(types) if t == "linear_attention"]
+        self.attention_layers = [i for i, t in enumerate(types) if t != "linear_attention"]
+        self.sliding_window = getattr(self.config, "sliding_window", None)
+        src = inspect.getsource(type(self.base).forward)
+        self._mask_dict = "isinstance(causal_mask_mapping := attention_mask, dict)" in src
+        if not self._mask_dict and set(types) != {"full_attention"}:
+            raise UserError(f"target architecture {type(self.base).__name__} mixes layer types we cannot mask")
+        self.eos_ids = _eos_ids(model, tokenizer)
+
+    # --- cost facts the simulator and reports use -----------------------------------------------
+
+    @property
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+    @property
+    def is_hybrid(self) -> bool:
+        return bool(self.linear_layers)
+
+    def new_cache(self, batch: int, capacity: int) -> RaggedCache:
+        cfg = self.config
+        heads = cfg.num_attention_heads
+        return RaggedCache(
+            batch=batch,
+            capacity=capacity,
+            attention_layers=self.attention_layers,
+            linear_layers=self.linear_layers,
+            kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+            head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+            dtype=self.dtype,
+            device=self.device,
+        )
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        cache: RaggedCache,
+        input_ids: torch.Tensor,  # [b, q]
+        rows: torch.Tensor | None = None,
+        logit_index: torch.Tensor | None = None,  # [b] one position per row, or None for all q
+        feature_layers: tuple[int, ...] = (),
+    ) -> ForwardOut:
+        """Run q new tokens per row at each row's own offset; the cache lengths are not advanced."""
+        b, q = input_ids.shape
+        positions = cache.begin(rows, q)
+        try:
+            mask = self._masks(positions, cache._kv_len)
+            out = self.base(
+                input_ids=input_ids.to(self.device),
+                position_ids=positions.to(self.device),
+                attention_mask=mask,
+                cache=cache,
+                use_cache=True,
+                output_hidden_states=bool(feature_layers),
+            )
+        finally:
+            cache.end()
+        hidden = out.last_hidden_state  # [b, q, hidden]
+        if logit_index is not None:
+            hidden = hidden[torch.arange(b), logit_index.to(self.device)][:, None]
+        logits = self.head(hidden).float()
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        feats = None
+        if feature_layers:
+            # Layer id i is the output of decoder layer i, i.e. hidden_states[i + 1].
+            feats = torch.stack([out.hidden_states[i + 1] for i in feature_layers], dim=2)
+        return ForwardOut(logits=logits, features=feats)
+
+    def _masks(self, positions: torch.Tensor, kv_len: int):
+        # Query at absolute position p sees keys 0..p of its own row; nothing past it (rejected or
+        # padded positions from earlier forwards sit there until overwritten).
+        keys = torch.arange(kv_len)
+        pos = positions[:, None, :, None]  # [b, 1, q, 1]
+        causal = keys <= pos
+        causal_dev = causal.to(self.device)
+        if not self._mask_dict:
+            return causal_dev
+        masks: dict[str, torch.Tensor | None] = {}
+        for t in set(self.layer_types):
+            if t == "full_attention":
+                masks[t] = causal_dev
+            elif t == "sliding_attention":
+                masks[t] = (causal & (keys > pos - self.sliding_window)).to(self.device)
+            elif t == "linear_attention":
+                masks[t] = None  # no padding inside a row's real tokens; see RaggedCache on replay
+            else:
+                raise UserError(f"target layer type '{t}' is not supported yet")
+        return masks
+
+
+def _eos_ids(model: PreTrainedModel, tokenizer) -> set[int]:
+    ids: set[int] = set()
+    for src in (getattr(model, "generation_config", None), model.config, tokenizer):
+        eos = getattr(src, "eos_token_id", None) if src is not None else None
+        if eos is None:
+            continue
+        ids.update(eos if isinstance(eos, list | tuple) else [eos])
+    return ids
+
+
+def load_target(spec: str, dtype: str = "bfloat16", device: str = "cpu") -> Target:
+    """Resolve `--target` (embedded name, HF folder, hub id, .gguf) and load it."""
+    from draftsmith.target.resolve import resolve_target
+
+    resolved = resolve_target(spec)
+    torch_dtype, dev = parse_dtype(dtype), parse_device(device)
+    try:
+        config = AutoConfig.from_pretrained(resolved.model_path)
+        tokenizer = AutoTokenizer.from_pretrained(resolved.model_path)
+        model = AutoModelForCausalLM.from_pretrained(resolved.model_path, config=config, dtype=torch_dtype)
+    except OSError as e:
+        raise UserError(f"cannot load target '{spec}': {str(e).splitlines()[0]}") from None
+    return Target(model.to(dev), tokenizer, name=resolved.name, gguf_path=resolved.gguf_path)

@@ -1,0 +1,157 @@
+"""Tiny random targets (Llama, Qwen3, Qwen3-MoE, Qwen3.5 hybrid) and test drafters, built in-process.
+
+Float32 throughout so greedy ties cannot flip between plain and speculative decoding.
+"""
+
+from __future__ import annotations
+
+import random
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from draftsmith.drafters.base import Draft
+from draftsmith.target.model import Target
+
+VOCAB = 96
+
+_COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    eos_token_id=None,
+    bos_token_id=None,
+    pad_token_id=None,
+)
+
+CONFIGS = {
+    "llama": dict(model_type="llama", num_hidden_layers=2, **_COMMON),
+    "qwen3": dict(model_type="qwen3", num_hidden_layers=2, head_dim=16, **_COMMON),
+    "qwen3_moe": dict(
+        model_type="qwen3_moe",
+        num_hidden_layers=2,
+        head_dim=16,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        decoder_sparse_step=1,
+        **_COMMON,
+    ),
+    "qwen3_5": dict(
+        model_type="qwen3_5_text",
+        num_hidden_layers=4,
+        head_dim=16,
+        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+        linear_conv_kernel_dim=4,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        **_COMMON,
+    ),
+}
+
+
+def tiny_model(kind: str, seed: int = 0, scale: float = 1.0):
+    """A random float32 model; `scale` multiplies the LM head so distributions are less flat."""
+    cfg = dict(CONFIGS[kind])
+    model_type = cfg.pop("model_type")
+    config = AutoConfig.for_model(model_type, **cfg)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        model.get_output_embeddings().weight.mul_(scale)
+    return model.eval()
+
+
+def tiny_target(kind: str = "llama", seed: int = 0, scale: float = 1.0) -> Target:
+    return Target(tiny_model(kind, seed, scale), tokenizer=None, name=f"tiny-{kind}")
+
+
+def random_prompts(n: int, seed: int = 0, lo: int = 3, hi: int = 20) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(VOCAB) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
+
+
+class OracleFactory:
+    """Drafts from a known continuation, corrupting each token with probability `noise`.
+
+    Exercises full acceptance, rejection at every position and variable draft lengths.
+    """
+
+    name = "oracle"
+    needs_features: tuple[int, ...] = ()
+
+    def __init__(self, references: dict[tuple[int, ...], list[int]], noise: float = 0.3, seed: int = 0):
+        self.references = references
+        self.noise = noise
+        self.rng = random.Random(seed)
+
+    def __call__(self):
+        return _Oracle(self)
+
+    def finish(self, prompt_ids, output_ids) -> None:
+        pass
+
+
+class _Oracle:
+    needs_features: tuple[int, ...] = ()
+
+    def __init__(self, factory: OracleFactory):
+        self.f = factory
+        self.ref: list[int] = []
+        self.pos = 0
+
+    def start(self, prompt_ids, features) -> None:
+        self.ref = self.f.references.get(tuple(prompt_ids), [])
+        self.pos = 0
+
+    def propose(self, k: int) -> Draft:
+        k = self.f.rng.randint(0, k)  # variable draft length, sometimes empty
+        toks = list(self.ref[self.pos : self.pos + k])
+        toks = [self.f.rng.randrange(VOCAB) if self.f.rng.random() < self.f.noise else t for t in toks]
+        return Draft(tokens=toks)
+
+    def commit(self, accepted_ids, features) -> None:
+        self.pos += len(accepted_ids)
+
+
+class SkewedFactory:
+    """A sampling drafter with its own distribution q (a tempered, perturbed copy of uniform noise).
+
+    It proposes tokens sampled from q and returns q, so verification must use min(1, p/q).
+    """
+
+    name = "skewed"
+    needs_features: tuple[int, ...] = ()
+
+    def __init__(self, vocab: int, seed: int = 0):
+        self.vocab = vocab
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def __call__(self):
+        return _Skewed(self)
+
+    def finish(self, prompt_ids, output_ids) -> None:
+        pass
+
+
+class _Skewed:
+    needs_features: tuple[int, ...] = ()
+
+    def __init__(self, f: SkewedFactory):
+        self.f = f
+
+    def start(self, prompt_ids, features) -> None:
+        pass
+
+    def propose(self, k: int) -> Draft:
+        q = torch.softmax(torch.randn(k, self.f.vocab, generator=self.f.gen) * 2.0, dim=-1)
+        toks = torch.multinomial(q, 1, generator=self.f.gen)[:, 0].tolist()
+        return Draft(tokens=toks, probs=q)
+
+    def commit(self, accepted_ids, features) -> None:
+        pass
