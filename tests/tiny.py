@@ -55,9 +55,9 @@ CONFIGS = {
 }
 
 
-def tiny_model(kind: str, seed: int = 0, scale: float = 1.0):
+def tiny_model(kind: str, seed: int = 0, scale: float = 1.0, vocab: int = VOCAB):
     """A random float32 model; `scale` multiplies the LM head so distributions are less flat."""
-    cfg = dict(CONFIGS[kind])
+    cfg = dict(CONFIGS[kind], vocab_size=vocab)
     model_type = cfg.pop("model_type")
     config = AutoConfig.for_model(model_type, **cfg)
     torch.manual_seed(seed)
@@ -67,8 +67,8 @@ def tiny_model(kind: str, seed: int = 0, scale: float = 1.0):
     return model.eval()
 
 
-def tiny_target(kind: str = "llama", seed: int = 0, scale: float = 1.0) -> Target:
-    return Target(tiny_model(kind, seed, scale), tokenizer=None, name=f"tiny-{kind}")
+def tiny_target(kind: str = "llama", seed: int = 0, scale: float = 1.0, vocab: int = VOCAB) -> Target:
+    return Target(tiny_model(kind, seed, scale, vocab), tokenizer=None, name=f"tiny-{kind}")
 
 
 def random_prompts(n: int, seed: int = 0, lo: int = 3, hi: int = 20) -> list[list[int]]:
@@ -85,8 +85,9 @@ class OracleFactory:
     name = "oracle"
     needs_features: tuple[int, ...] = ()
 
-    def __init__(self, references: dict[tuple[int, ...], list[int]], noise: float = 0.3, seed: int = 0):
+    def __init__(self, references: dict[tuple[int, ...], list[int]], noise: float = 0.3, seed: int = 0, vocab: int = VOCAB):
         self.references = references
+        self.vocab = vocab
         self.noise = noise
         self.rng = random.Random(seed)
 
@@ -112,7 +113,7 @@ class _Oracle:
     def propose(self, k: int) -> Draft:
         k = self.f.rng.randint(0, k)  # variable draft length, sometimes empty
         toks = list(self.ref[self.pos : self.pos + k])
-        toks = [self.f.rng.randrange(VOCAB) if self.f.rng.random() < self.f.noise else t for t in toks]
+        toks = [self.f.rng.randrange(self.f.vocab) if self.f.rng.random() < self.f.noise else t for t in toks]
         return Draft(tokens=toks)
 
     def commit(self, accepted_ids, features) -> None:
