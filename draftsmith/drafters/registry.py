@@ -67,7 +67,9 @@ def parse_options(arg: str | None, defaults: dict[str, int | float]) -> dict[str
     for part in arg.split(":"):
         key, eq, value = part.partition("=")
         if not eq or key not in defaults:
-            raise UserError(f"bad drafter option '{part}': expected key=value with key in {', '.join(defaults)}")
+            raise UserError(
+                f"bad drafter option '{part}': expected key=value with key in {', '.join(defaults)}"
+            )
         kind = type(defaults[key])
         try:
             opts[key] = kind(value)
