@@ -66,7 +66,9 @@ class Target:
         src = inspect.getsource(type(self.base).forward)
         self._mask_dict = "isinstance(causal_mask_mapping := attention_mask, dict)" in src
         if not self._mask_dict and set(types) != {"full_attention"}:
-            raise UserError(f"target architecture {type(self.base).__name__} mixes layer types we cannot mask")
+            raise UserError(
+                f"target architecture {type(self.base).__name__} mixes layer types we cannot mask"
+            )
         self.eos_ids = _eos_ids(model, tokenizer)
 
     # --- cost facts the simulator and reports use -----------------------------------------------
@@ -136,6 +138,8 @@ class Target:
     def _masks(self, positions: torch.Tensor, kv_len: int):
         # Query at absolute position p sees keys 0..p of its own row; nothing past it (rejected or
         # padded positions from earlier forwards sit there until overwritten).
+        if positions.shape == (1, 1) and not self._mask_dict:
+            return None  # one row, one query: every cached key is visible (and SDPA takes its fast path)
         keys = torch.arange(kv_len)
         pos = positions[:, None, :, None]  # [b, 1, q, 1]
         causal = keys <= pos

