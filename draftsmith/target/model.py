@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers.utils import logging as hf_logging
 
 from draftsmith.errors import UserError
 from draftsmith.target.cache import RaggedCache
@@ -174,6 +175,7 @@ def load_target(spec: str, dtype: str = "bfloat16", device: str = "cpu") -> Targ
     from draftsmith.target.resolve import resolve_target
 
     resolved = resolve_target(spec)
+    hf_logging.disable_progress_bar()  # a load of a converted checkpoint takes a second; no bars
     torch_dtype, dev = parse_dtype(dtype), parse_device(device)
     try:
         config = AutoConfig.from_pretrained(resolved.model_path)

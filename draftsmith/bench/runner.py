@@ -1,0 +1,148 @@
+"""`draftsmith bench`: every method and peer on the same prompts, in one run, reported as ratios.
+
+Requests run one at a time (concurrency 1), the latency setting speculative decoding is for. For
+each prompt every method runs back to back, so drift in the machine's load (it is shared and noisy)
+falls on all methods alike instead of on whichever ran last. `ar` always runs: speedup and
+match_rate are defined against it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tqdm import tqdm
+
+from draftsmith.bench.peers import Peer, PeerResult, peer_available
+from draftsmith.decoding.engine import DecodeStats, Result, generate
+from draftsmith.decoding.sampling import SamplingParams
+from draftsmith.drafters import registry
+from draftsmith.machine import machine_info
+from draftsmith.target.model import Target
+
+
+@dataclass
+class MethodTally:
+    """Sums over prompts for one method."""
+
+    stats: DecodeStats = field(default_factory=DecodeStats)
+    outputs: list[list[int]] = field(default_factory=list)
+    new_tokens: int = 0
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+
+    def add_engine(self, res: Result) -> None:
+        self.stats.merge(res.stats)
+        self.outputs.append(res.token_ids)
+        self.new_tokens += len(res.token_ids)
+        self.prefill_s += res.stats.prefill_s
+        self.decode_s += res.stats.decode_s
+
+    def add_peer(self, res: PeerResult) -> None:
+        self.outputs.append(res.token_ids)
+        self.new_tokens += res.new_tokens
+        self.prefill_s += res.prefill_s
+        self.decode_s += res.decode_s
+
+    @property
+    def decode_tokens(self) -> int:
+        # The first token of each answer is produced by prefill, so decode time excludes it.
+        return self.new_tokens - len(self.outputs)
+
+
+def run_bench(
+    target: Target,
+    prompts: list[list[int]],
+    *,
+    methods: list[str],
+    peers: list[str],
+    sampling: SamplingParams,
+    k: int,
+    max_new_tokens: int,
+    workload: str,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+) -> dict:
+    if registry.AR not in [m.split(":")[0] for m in methods]:
+        methods = [registry.AR, *methods]
+    factories = {m: registry.build(m) for m in methods}
+    peer_objs: dict[str, Peer] = {}
+    skipped: dict[str, str] = {}
+    max_context = max(len(p) for p in prompts) + max_new_tokens + 16
+    for name in peers:
+        reason = peer_available(name, target)
+        if reason:
+            skipped[name] = reason
+            log(f"peer {name} skipped: {reason}")
+        else:
+            peer_objs[name] = Peer(name, target, max_context)
+
+    # Warm-up: first calls pay for allocator growth and lazy initialisation in every engine.
+    for f in factories.values():
+        generate(target, f, prompts[:1], k=k, sampling=sampling, max_new_tokens=8)
+    for p in peer_objs.values():
+        p.run(prompts[0], 8, sampling)
+
+    tallies = {name: MethodTally() for name in [*methods, *peer_objs]}
+    bar = tqdm(total=len(prompts) * len(tallies), desc=f"bench {workload}", disable=not progress, unit="run")
+    for ids in prompts:
+        for m, f in factories.items():
+            tallies[m].add_engine(
+                generate(target, f, [ids], k=k, sampling=sampling, max_new_tokens=max_new_tokens)[0]
+            )
+            bar.update()
+        for name, p in peer_objs.items():
+            tallies[name].add_peer(p.run(ids, max_new_tokens, sampling))
+            bar.update()
+    bar.close()
+
+    ar = tallies[registry.AR]
+    ar_rate = ar.decode_tokens / ar.decode_s if ar.decode_s else 0.0
+    runs = []
+    for name, t in tallies.items():
+        rate = t.decode_tokens / t.decode_s if t.decode_s else 0.0
+        is_peer = name in peer_objs
+        run = {
+            "method": name,
+            "kind": "peer" if is_peer else "draftsmith",
+            "workload": workload,
+            "tau": None if is_peer else round(t.stats.tau, 4),
+            "accept_per_pos": None if is_peer else [round(a, 4) for a in t.stats.accept_per_pos],
+            "decode_tok_s": round(rate, 2),
+            "e2e_tok_s": round(t.new_tokens / (t.prefill_s + t.decode_s), 2) if t.decode_s else 0.0,
+            "speedup": round(rate / ar_rate, 3) if ar_rate else None,
+            "match_rate": _match_rate(t.outputs, ar.outputs) if sampling.greedy else None,
+            "num_prompts": len(t.outputs),
+            "new_tokens": t.new_tokens,
+            "prefill_s": round(t.prefill_s, 3),
+            "decode_s": round(t.decode_s, 3),
+        }
+        if not is_peer:
+            run.update(
+                steps=t.stats.steps, draft_s=round(t.stats.draft_s, 3), verify_s=round(t.stats.verify_s, 3)
+            )
+        runs.append(run)
+    for name, reason in skipped.items():
+        runs.append({"method": name, "kind": "peer", "workload": workload, "skipped": reason})
+    return {
+        "target": target.name,
+        "dtype": str(target.dtype).removeprefix("torch."),
+        "device": str(target.device),
+        "temperature": sampling.temperature,
+        "top_p": sampling.top_p,
+        "top_k": sampling.top_k,
+        "seed": sampling.seed,
+        "k": k,
+        "workload": workload,
+        "num_prompts": len(prompts),
+        "max_new_tokens": max_new_tokens,
+        "machine": machine_info(),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "runs": runs,
+    }
+
+
+def _match_rate(outputs: list[list[int]], reference: list[list[int]]) -> float:
+    same = sum(a == b for a, b in zip(outputs, reference, strict=True))
+    return round(same / len(reference), 4) if reference else 0.0
