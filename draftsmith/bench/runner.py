@@ -29,6 +29,7 @@ class MethodTally:
     stats: DecodeStats = field(default_factory=DecodeStats)
     outputs: list[list[int]] = field(default_factory=list)
     new_tokens: int = 0
+    decode_tokens: int = 0  # the first token of each answer comes from prefill, so it is not here
     prefill_s: float = 0.0
     decode_s: float = 0.0
 
@@ -36,19 +37,16 @@ class MethodTally:
         self.stats.merge(res.stats)
         self.outputs.append(res.token_ids)
         self.new_tokens += len(res.token_ids)
+        self.decode_tokens += res.stats.decode_tokens
         self.prefill_s += res.stats.prefill_s
         self.decode_s += res.stats.decode_s
 
     def add_peer(self, res: PeerResult) -> None:
         self.outputs.append(res.token_ids)
         self.new_tokens += res.new_tokens
+        self.decode_tokens += res.decode_tokens
         self.prefill_s += res.prefill_s
         self.decode_s += res.decode_s
-
-    @property
-    def decode_tokens(self) -> int:
-        # The first token of each answer is produced by prefill, so decode time excludes it.
-        return self.new_tokens - len(self.outputs)
 
 
 def run_bench(
