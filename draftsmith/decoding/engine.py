@@ -250,7 +250,9 @@ def _verify(logits: torch.Tensor, drafts: list[Draft], live: list[_Row], samplin
     return out
 
 
-def _commit(row: _Row, tokens: list[int], target: Target, stop: StopFn | None, on_tokens: StreamFn | None) -> int:
+def _commit(
+    row: _Row, tokens: list[int], target: Target, stop: StopFn | None, on_tokens: StreamFn | None
+) -> int:
     """Append tokens to a row's output, cutting at EOS, a stop string or the budget. Returns the count."""
     taken = 0
     for tok in tokens:

@@ -22,7 +22,9 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
-            raise UserError(f"--temperature {self.temperature} is negative: use 0 (greedy) or a positive value")
+            raise UserError(
+                f"--temperature {self.temperature} is negative: use 0 (greedy) or a positive value"
+            )
         if not 0 < self.top_p <= 1:
             raise UserError(f"--top-p {self.top_p} is out of range: use a value in (0, 1]")
         if self.top_k < 0:

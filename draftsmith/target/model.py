@@ -15,6 +15,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from transformers.utils import logging as hf_logging
 
 from draftsmith.errors import UserError
+from draftsmith.target import attention
 from draftsmith.target.cache import RaggedCache
 
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32}
@@ -112,8 +113,11 @@ class Target:
         """Run q new tokens per row at each row's own offset; the cache lengths are not advanced."""
         b, q = input_ids.shape
         positions = cache.begin(rows, q)
+        stock_attention = self.config._attn_implementation
         try:
             mask = self._masks(positions, cache._kv_len)
+            if stock_attention in ("sdpa", None):
+                self.config._attn_implementation_internal = attention.NAME
             out = self.base(
                 input_ids=input_ids.to(self.device),
                 position_ids=positions.to(self.device),
@@ -124,6 +128,7 @@ class Target:
             )
         finally:
             cache.end()
+            self.config._attn_implementation_internal = stock_attention
         hidden = out.last_hidden_state  # [b, q, hidden]
         if logit_index is not None:
             hidden = hidden[torch.arange(b), logit_index.to(self.device)][:, None]
