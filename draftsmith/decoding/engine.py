@@ -101,6 +101,8 @@ def generate(
     """Generate for a batch of prompts; one Result per prompt, in order. Stats are per batch."""
     sampling = sampling or SamplingParams()
     _check(target, prompts, k, max_new_tokens)
+    if drafter is not None and hasattr(drafter, "bind"):
+        drafter.bind(target, sampling)
     feature_layers = tuple(drafter.needs_features) if drafter is not None else ()
     stats = DecodeStats()
     rows = [

@@ -54,3 +54,10 @@ class DrafterFactory(Protocol):
 
     def finish(self, prompt_ids: list[int], output_ids: list[int]) -> None:
         """A request ended; factories may learn from its output (e.g. a global suffix tree)."""
+
+
+class BindsTarget(Protocol):
+    """Optional capability: a factory that needs the target (its embedding, device, dtype, layer
+    count) or the sampling settings before its first request. The engine calls `bind` if present."""
+
+    def bind(self, target, sampling) -> None: ...
