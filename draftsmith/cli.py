@@ -62,13 +62,24 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--peers", default="", help="comma list of hf, hf-assisted, llamacpp, llamacpp-lookup")
     b.add_argument("--out", default="results.json")
     b.add_argument("--no-progress", action="store_true")
+
+    e = sub.add_parser("export", help="write a trained speculator in the layout SGLang or vLLM loads")
+    e.add_argument("--format", required=True, choices=["sglang", "vllm"])
+    e.add_argument(
+        "--verifier",
+        default=None,
+        help="target name or hub id recorded for vLLM (default: from draftsmith.json)",
+    )
+    e.add_argument("--k", type=int, default=3, help="speculative tokens recorded in the vLLM proposal method")
+    e.add_argument("src")
+    e.add_argument("dst")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"generate": cmd_generate, "bench": cmd_bench}[args.command](args)
+        return {"generate": cmd_generate, "bench": cmd_bench, "export": cmd_export}[args.command](args)
     except UserError as e:
         sys.stderr.write(f"draftsmith: error: {e}\n")
         return 2
@@ -213,6 +224,14 @@ def cmd_bench(args) -> int:
     atomic_write_json(args.out, result)
     print_bench(result)
     print(json.dumps({"out": args.out, "speedup": {r["method"]: r.get("speedup") for r in result["runs"]}}))
+    return 0
+
+
+def cmd_export(args) -> int:
+    from draftsmith.formats.eagle3_formats import export_eagle3
+
+    dst = export_eagle3(args.src, args.dst, args.format, verifier=args.verifier, k=args.k)
+    print(f"wrote {args.format} EAGLE-3 checkpoint to {dst}")
     return 0
 
 

@@ -19,12 +19,11 @@ are proposed (`eagle3_drafter.py`) or trained (the trainer).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
@@ -197,22 +196,10 @@ class Eagle3Model(nn.Module):
 def load_eagle3(
     path: str | Path, embed_tokens: nn.Embedding, dtype: torch.dtype | None = None
 ) -> Eagle3Model:
-    """Load our/SGLang's layout (`midlayer.*` or `layers.0.*` tensor names)."""
-    path = Path(path)
-    cfg_file = path / "config.json"
-    if not cfg_file.exists():
-        raise UserError(f"no EAGLE-3 checkpoint at {path}: expected config.json and model.safetensors")
-    raw = json.loads(cfg_file.read_text())
-    config = LlamaConfig(**raw)
-    if not hasattr(config, "target_hidden_size"):
-        config.target_hidden_size = config.hidden_size
-    if getattr(config, "draft_vocab_size", None) is None:
-        config.draft_vocab_size = config.vocab_size
-    if not getattr(config, "eagle_config", None):
-        config.eagle_config = {"eagle_aux_hidden_state_layer_ids": []}
-    state = load_file(str(path / "model.safetensors"))
-    state = {k.removeprefix("model.").replace("layers.0.", "midlayer."): v for k, v in state.items()}
-    state.pop("embed_tokens.weight", None)
+    """Load any supported layout: ours/SGLang (`midlayer.*` or `layers.0.*`) or vLLM speculators."""
+    from draftsmith.formats.eagle3_formats import read_eagle3_checkpoint
+
+    config, state = read_eagle3_checkpoint(path)
     if embed_tokens.weight.shape[0] != config.vocab_size:
         raise UserError(
             f"EAGLE-3 drafter at {path} was made for a vocabulary of {config.vocab_size} tokens but the target has "
