@@ -85,7 +85,13 @@ class OracleFactory:
     name = "oracle"
     needs_features: tuple[int, ...] = ()
 
-    def __init__(self, references: dict[tuple[int, ...], list[int]], noise: float = 0.3, seed: int = 0, vocab: int = VOCAB):
+    def __init__(
+        self,
+        references: dict[tuple[int, ...], list[int]],
+        noise: float = 0.3,
+        seed: int = 0,
+        vocab: int = VOCAB,
+    ):
         self.references = references
         self.vocab = vocab
         self.noise = noise
@@ -156,3 +162,55 @@ class _Skewed:
 
     def commit(self, accepted_ids, features) -> None:
         pass
+
+
+class TreeOracleFactory:
+    """Drafts a tree: along the known continuation, each level also carries `width - 1` wrong
+    siblings, and with probability `noise` the right child is left out (so branches get rejected)."""
+
+    name = "tree-oracle"
+    needs_features: tuple[int, ...] = ()
+    max_draft_tokens = 64
+
+    def __init__(
+        self,
+        references: dict[tuple[int, ...], list[int]],
+        width: int = 3,
+        noise: float = 0.2,
+        seed: int = 0,
+        vocab: int = VOCAB,
+    ):
+        self.references, self.width, self.noise, self.vocab = references, width, noise, vocab
+        self.rng = random.Random(seed)
+
+    def __call__(self):
+        return _TreeOracle(self)
+
+    def finish(self, prompt_ids, output_ids) -> None:
+        pass
+
+
+class _TreeOracle(_Oracle):
+    def propose(self, k: int) -> Draft:
+        f, rng = self.f, self.f.rng
+        tokens: list[int] = []
+        parents: list[int] = []
+        parent = -1
+        for depth in range(k):
+            if self.pos + depth >= len(self.ref):
+                break
+            right = self.ref[self.pos + depth]
+            wrong = [t for t in rng.sample(range(f.vocab), f.width + 1) if t != right][: f.width - 1]
+            keep_right = rng.random() >= f.noise
+            level = ([right] if keep_right else []) + wrong
+            rng.shuffle(level)
+            nxt_parent = -1
+            for tok in level:
+                tokens.append(tok)
+                parents.append(parent)
+                if tok == right:
+                    nxt_parent = len(tokens) - 1
+            if nxt_parent < 0:
+                break
+            parent = nxt_parent
+        return Draft(tokens=tokens, parents=parents)

@@ -311,6 +311,12 @@ _TEMPLATES: list[Callable[[_Module, random.Random], str | None]] = [
 # ---------------------------------------------------------------- JSONL files
 
 
+def load_jsonl_prompts(path: str) -> list[Prompt]:
+    """Every prompt of a JSONL file in the format above, each line checked (UserError on the first
+    bad one). Unlike `load_workload`, never takes the name for a built-in workload."""
+    return _jsonl(path, Path(path).expanduser())
+
+
 def _jsonl(shown: str, path: Path) -> list[Prompt]:
     if not path.exists():
         raise UserError(f"workload file {shown} not found; check the path")

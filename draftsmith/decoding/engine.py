@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 import torch
 
 from draftsmith.decoding.sampling import SamplingParams, make_generator, target_probs
-from draftsmith.decoding.verify import verify_greedy, verify_sampling
-from draftsmith.drafters.base import Draft, Drafter, DrafterFactory
+from draftsmith.decoding.verify import verify_greedy, verify_sampling, verify_tree
+from draftsmith.drafters.base import Draft, Drafter, DrafterFactory, node_depths
 from draftsmith.errors import UserError
 from draftsmith.target.model import Target
 
@@ -114,7 +114,9 @@ def generate(
         )
         for i in range(len(prompts))
     ]
-    capacity = max(len(p) for p in prompts) + max_new_tokens + k + 2
+    # Tree drafters may verify more nodes than k per step; they say how many at most.
+    widest = max(k, getattr(drafter, "max_draft_tokens", 0))
+    capacity = max(len(p) for p in prompts) + max_new_tokens + widest + 2
     cache = target.new_cache(len(prompts), capacity)
 
     # ---- prefill ------------------------------------------------------------------------------
@@ -145,24 +147,31 @@ def generate(
         for b, (row, d) in enumerate(zip(live, drafts, strict=True)):
             ids[b, 0] = row.pending
             ids[b, 1 : 1 + len(d)] = torch.tensor(d.tokens, dtype=torch.long)
+        tree = _tree_layout(drafts, q)
+        if tree is not None and cache.has_recurrent_state:
+            raise UserError("tree drafts are not supported on hybrid targets yet: use a chain drafter")
         snap = cache.snapshot_state() if cache.has_recurrent_state else None
-        out = target.forward(cache, ids, feature_layers=feature_layers)
-        decisions = _verify(out.logits, drafts, live, sampling)
+        out = target.forward(cache, ids, feature_layers=feature_layers, tree=tree)
+        paths = _verify(out.logits, drafts, live, sampling)
         target.sync()
         stats.verify_s += time.perf_counter() - t
 
         if snap is not None:
-            _replay(target, cache, snap, ids, decisions, q)
+            _replay(target, cache, snap, ids, [len(path) for path, _ in paths], q)
         t = time.perf_counter()
-        for b, (row, d, (n, nxt)) in enumerate(zip(live, drafts, decisions, strict=True)):
+        for b, (row, d, (path, nxt)) in enumerate(zip(live, drafts, paths, strict=True)):
+            n = len(path)
+            if path != list(range(n)):  # a tree branch: its entries move next to the committed ones
+                cache.move(b, [1 + i for i in path], list(range(1, n + 1)))
             cache.advance(b, n + 1)  # the pending token and n accepted drafts now stand in the cache
-            stats.record(len(d), n)
-            committed = _commit(row, d.tokens[:n] + [nxt], target, stop, on_tokens)
+            stats.record(d.depth, n)
+            accepted = [d.tokens[i] for i in path] + [nxt]
+            committed = _commit(row, accepted, target, stop, on_tokens)
             stats.steps += 1
             stats.decode_tokens += committed
             if row.drafter is not None and row.finish is None:
-                row_feats = out.features[b, : n + 1] if out.features is not None else None
-                row.drafter.commit(d.tokens[:n] + [nxt], row_feats)
+                row_feats = out.features[b, [0] + [1 + i for i in path]] if out.features is not None else None
+                row.drafter.commit(accepted, row_feats)
         stats.draft_s += time.perf_counter() - t
         keep = [b for b, row in enumerate(live) if row.finish is None]
         if len(keep) < len(live):
@@ -228,6 +237,12 @@ def _propose(row: _Row, k: int) -> Draft:
     if row.drafter is None or room <= 0:
         return Draft(tokens=[])
     d = row.drafter.propose(room)
+    if d.parents is not None:
+        if d.depth > room:  # keep nodes within the budget; parents come first, so ancestors stay
+            keep = [i for i, dep in enumerate(node_depths(d.parents)) if dep <= room]
+            remap = {old: new for new, old in enumerate(keep)}
+            d = Draft(tokens=[d.tokens[i] for i in keep], parents=[remap.get(d.parents[i], -1) for i in keep])
+        return d
     if len(d) > room:
         d = Draft(tokens=d.tokens[:room], probs=None if d.probs is None else d.probs[:room])
     return d
@@ -241,15 +256,38 @@ def _pick(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Gener
 
 
 def _verify(logits: torch.Tensor, drafts: list[Draft], live: list[_Row], sampling: SamplingParams):
-    """logits [b, q, V] -> one (n accepted, next token) per row."""
-    if sampling.greedy:
-        argmax = logits.argmax(-1).tolist()
-        return [verify_greedy(d.tokens, argmax[b]) for b, d in enumerate(drafts)]
+    """logits [b, q, V] -> one (accepted node indices, next token) per row."""
     out = []
+    argmax = logits.argmax(-1).tolist() if sampling.greedy else None
     for b, (d, row) in enumerate(zip(drafts, live, strict=True)):
-        p = target_probs(logits[b, : len(d) + 1], sampling)
-        out.append(verify_sampling(d.tokens, d.probs, p, row.generator))
+        if d.parents is not None:
+            rows = logits[b, : len(d) + 1]
+            target = rows if sampling.greedy else target_probs(rows, sampling)
+            out.append(verify_tree(d.tokens, d.parents, target, row.generator))
+            continue
+        if sampling.greedy:
+            n, nxt = verify_greedy(d.tokens, argmax[b])
+        else:
+            p = target_probs(logits[b, : len(d) + 1], sampling)
+            n, nxt = verify_sampling(d.tokens, d.probs, p, row.generator)
+        out.append((list(range(n)), nxt))
     return out
+
+
+def _tree_layout(drafts: list[Draft], q: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """For batches holding a tree: (depth [b, q], ancestor-or-self [b, q, q]); None for chains."""
+    if all(d.parents is None for d in drafts):
+        return None
+    depth = torch.zeros(len(drafts), q, dtype=torch.long)
+    anc = torch.eye(q, dtype=torch.bool).repeat(len(drafts), 1, 1)
+    anc[:, :, 0] = True  # everything descends from the committed (pending) token
+    for b, d in enumerate(drafts):
+        parents = d.parents if d.parents is not None else list(range(-1, len(d) - 1))
+        depth[b, 1 : 1 + len(d)] = torch.tensor(node_depths(parents), dtype=torch.long)
+        for i, par in enumerate(parents):
+            if par >= 0:
+                anc[b, 1 + i] |= anc[b, 1 + par]
+    return depth, anc
 
 
 def _commit(
@@ -272,9 +310,9 @@ def _commit(
     return taken
 
 
-def _replay(target: Target, cache, snap, ids: torch.Tensor, decisions, q: int) -> None:
+def _replay(target: Target, cache, snap, ids: torch.Tensor, accepted: list[int], q: int) -> None:
     """Hybrid targets: rows that kept fewer than q tokens get their recurrent state recomputed."""
-    keep = [n + 1 for n, _ in decisions]
+    keep = [n + 1 for n in accepted]
     redo = [b for b, m in enumerate(keep) if m < q]
     if not redo:
         return

@@ -67,3 +67,34 @@ def _sample(weights: torch.Tensor, generator: torch.Generator) -> int:
     if not total > 0:  # p == q exactly: rejection had probability 0, any choice is measure-zero
         return int(weights.argmax())
     return int(torch.multinomial(weights / total, 1, generator=generator))
+
+
+def verify_tree(
+    tokens: list[int],
+    parents: list[int],
+    target: torch.Tensor,  # [n+1, V]: row 0 follows the committed token, row 1+i follows node i
+    generator: torch.Generator | None,  # None = greedy (argmax); else sample from the rows of p
+) -> tuple[list[int], int]:
+    """Walk a deterministic draft tree. Return (accepted node indices root-first, next token).
+
+    At each node take the target's own choice y (argmax, or a sample from p at temperature > 0);
+    if a child carries y, descend to it, else y is the next token. The committed tokens are
+    therefore exactly what plain decoding would produce (greedy) or sample (sampling): the tree
+    only decides how many of them one forward yields.
+
+    >>> verify_tree([5, 6, 7], [-1, -1, 0], torch.eye(9)[[6, 7, 8, 8]], None)
+    ([1], 8)
+    """
+    children: dict[int, dict[int, int]] = {}
+    for i, (tok, par) in enumerate(zip(tokens, parents, strict=True)):
+        children.setdefault(par, {}).setdefault(tok, i)
+    path: list[int] = []
+    node = -1
+    while True:
+        row = target[node + 1]
+        y = int(row.argmax()) if generator is None else _sample(row, generator)
+        nxt = children.get(node, {}).get(y)
+        if nxt is None:
+            return path, y
+        path.append(nxt)
+        node = nxt

@@ -20,13 +20,35 @@ import torch
 
 @dataclass
 class Draft:
-    """Proposed tokens for one row. `tokens` may be shorter than the k asked for (even empty)."""
+    """Proposed tokens for one row: a chain, or a tree when `parents` is given.
+
+    A chain may be shorter than the k asked for (even empty). A tree lists its nodes parents-first:
+    `parents[i]` is the index of node i's parent, -1 for children of the last committed token; k
+    bounds its depth, not its size. Trees are deterministic drafts (`probs` None).
+    """
 
     tokens: list[int]
     probs: torch.Tensor | None = None  # [len(tokens), vocab] draft distribution q, or None (one-hot)
+    parents: list[int] | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    @property
+    def depth(self) -> int:
+        """Longest root-to-leaf path: how many tokens one step can accept at most."""
+        if self.parents is None:
+            return len(self.tokens)
+        depths = node_depths(self.parents)
+        return max(depths, default=0)
+
+
+def node_depths(parents: list[int]) -> list[int]:
+    """Depth of each node (children of the committed token have depth 1). Parents come first."""
+    depths: list[int] = []
+    for p in parents:
+        depths.append(1 if p < 0 else depths[p] + 1)
+    return depths
 
 
 @runtime_checkable

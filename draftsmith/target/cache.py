@@ -78,6 +78,16 @@ class RaggedCache(Cache):
     def advance(self, row: int, n: int) -> None:
         self.lengths[row] += n
 
+    def move(self, row: int, src: list[int], dst: list[int]) -> None:
+        """Copy keys/values of a row from offsets `src` to `dst` past its committed length (an
+        accepted tree branch is moved next to the committed tokens: a few entries, not the cache)."""
+        base = int(self.lengths[row])
+        for store in (self.keys, self.values):
+            for buf in store.values():
+                s = torch.tensor([base + i for i in src], device=buf.device)
+                d = torch.tensor([base + i for i in dst], device=buf.device)
+                buf[row, :, d] = buf[row, :, s].clone()
+
     def keep_rows(self, rows: list[int]) -> None:
         """Drop finished rows for good (one copy), so later forwards index the buffers as views."""
         idx = torch.tensor(rows, dtype=torch.long)

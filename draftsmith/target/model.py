@@ -109,13 +109,20 @@ class Target:
         rows: torch.Tensor | None = None,
         logit_index: torch.Tensor | None = None,  # [b] one position per row, or None for all q
         feature_layers: tuple[int, ...] = (),
+        tree: tuple[torch.Tensor, torch.Tensor] | None = None,  # (depth [b, q], ancestor-or-self [b, q, q])
     ) -> ForwardOut:
-        """Run q new tokens per row at each row's own offset; the cache lengths are not advanced."""
+        """Run q new tokens per row at each row's own offset; the cache lengths are not advanced.
+
+        With `tree`, token j of a row sits at position length + depth[j] and attends to the cache and
+        to its ancestors only, so a whole draft tree is verified in one forward."""
         b, q = input_ids.shape
         positions = cache.begin(rows, q)
         stock_attention = self.config._attn_implementation
         try:
-            mask = self._masks(positions, cache._kv_len)
+            if tree is None:
+                mask = self._masks(positions, cache._kv_len)
+            else:
+                mask, positions = self._tree_masks(positions, tree, cache._kv_len)
             if stock_attention in ("sdpa", None):
                 self.config._attn_implementation_internal = attention.NAME
             out = self.base(
@@ -141,6 +148,18 @@ class Target:
             feats = torch.stack([out.hidden_states[i + 1] for i in feature_layers], dim=2)
         return ForwardOut(logits=logits, features=feats)
 
+    def _tree_masks(self, slots: torch.Tensor, tree, kv_len: int):
+        depth, anc = tree
+        if self.sliding_window and "sliding_attention" in self.layer_types:
+            raise UserError(
+                "tree drafts are not supported on sliding-window targets yet: use a chain drafter"
+            )
+        mask = _tree_mask_4d(slots, anc, kv_len).to(self.device)
+        positions = slots[:, :1] + depth
+        if not self._mask_dict:
+            return mask, positions
+        return {t: mask for t in set(self.layer_types)}, positions
+
     def _masks(self, positions: torch.Tensor, kv_len: int):
         # Query at absolute position p sees keys 0..p of its own row; nothing past it (rejected or
         # padded positions from earlier forwards sit there until overwritten).
@@ -163,6 +182,17 @@ class Target:
             else:
                 raise UserError(f"target layer type '{t}' is not supported yet")
         return masks
+
+
+def _tree_mask_4d(slots: torch.Tensor, anc: torch.Tensor, kv_len: int) -> torch.Tensor:
+    """[b, 1, q, kv_len]: every committed key, plus the tree's own keys that are ancestors-or-self."""
+    start = slots[:, :1]  # [b, 1] first slot of this forward = committed length
+    keys = torch.arange(kv_len)[None, :]  # [1, kv]
+    committed = keys < start  # [b, kv]
+    offset = (keys - start).clamp(0, anc.shape[-1] - 1)  # [b, kv] index into the tree window
+    in_window = (keys >= start) & (keys < start + anc.shape[-1])
+    tree_vis = torch.gather(anc, 2, offset[:, None, :].expand(-1, anc.shape[1], -1))  # [b, q, kv]
+    return (committed[:, None, :] | (in_window[:, None, :] & tree_vis))[:, None]
 
 
 def _eos_ids(model: PreTrainedModel, tokenizer) -> set[int]:

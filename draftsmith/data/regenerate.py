@@ -1,0 +1,430 @@
+"""`draftsmith data regenerate`: the target writes every assistant turn of the training conversations.
+
+A speculator learns to predict the target, so its training answers must be the target's own. From
+each source conversation only the inputs are kept (system and user turns); after each run of user
+turns the target writes the answer, given the regenerated history: for [sys?, user1, asst1, user2,
+asst2], asst1 is generated from [sys?, user1], asst2 from [sys?, user1, new asst1, user2]. A
+conversation ends early, keeping the turns done, when the next prompt plus `--max-new-tokens` would
+not fit the target's context, or after `--max-turns` answers. Each answer records its finish reason
+("stop": end token; "length": cut by `--max-new-tokens`).
+
+Sources: `sharegpt` (the train split only; the held-out split is the chat benchmark's), `humaneval`
+(one user turn per problem, the same request the `code` benchmark sends: note that this overlaps the
+`code` benchmark, so a speculator trained on it is measured on its training prompts), or a JSONL file
+in the bench workload format (`messages` or `prompt`; its assistant turns are replaced). `--num N`
+takes the first N conversations of the source; `--shard i/n` keeps those whose index in that order
+is i mod n, so n processes (or machines) with `--shard 0/n` .. `--shard n-1/n` and distinct `--out`
+files split the work, and concatenating their outputs (`cat a.jsonl b.jsonl > all.jsonl`) gives the
+same set of records as one unsharded run (in another order).
+
+Local mode runs our engine on B conversations at a time, one batch per turn index (a wave): decoding
+is memory-bound, so a batch of 8 costs little more than one. `--drafter ngram` is lossless, so it
+only changes the speed. With `--endpoint URL` the turns go to an OpenAI-compatible server (vLLM,
+SGLang, ...) with C requests in flight (see `regen_endpoint`); the target is then only used for its
+tokenizer (context checks) and name.
+
+Output: one JSON line per conversation, `{"id", "source", "messages", "finish_reasons", "target",
+"num_new_tokens", "new_tokens_per_turn"}`, written through `ResumableJsonl` (rerunning the same
+command skips finished ids and completes a killed run), and a report (`OUT.report.json`).
+Sampling (temperature > 0) is seeded per batch and turn locally and per conversation and turn on an
+endpoint; a resumed sampling run is not bitwise equal to an uninterrupted one (batches differ).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from draftsmith.data.resumable import ResumableJsonl
+from draftsmith.errors import UserError
+
+SOURCES = ("sharegpt", "humaneval")
+
+
+# ---------------------------------------------------------------- conversations
+
+
+@dataclass
+class Conversation:
+    index: int  # position in the source order (shards select on it)
+    id: str
+    segments: list[list[dict]]  # the input messages before each assistant turn
+    messages: list[dict] = field(default_factory=list)  # regenerated conversation so far
+    finish_reasons: list[str] = field(default_factory=list)
+    turn_tokens: list[int] = field(default_factory=list)  # generated tokens per assistant turn
+    ended_by: str | None = None  # "context" or "rejected" when it ended before its last segment
+
+    def history(self, turn: int) -> list[dict]:
+        """The messages the target answers at `turn`: the regenerated history plus the new inputs."""
+        return self.messages + self.segments[turn]
+
+    def add_reply(self, turn: int, text: str, finish_reason: str, n_tokens: int) -> None:
+        self.messages = self.history(turn) + [{"role": "assistant", "content": text}]
+        self.finish_reasons.append(finish_reason)
+        self.turn_tokens.append(n_tokens)
+
+    def record(self, source: str, target: str) -> dict:
+        return {
+            "id": self.id,
+            "source": source,
+            "messages": self.messages,
+            "finish_reasons": self.finish_reasons,
+            "target": target,
+            "num_new_tokens": sum(self.turn_tokens),
+            "new_tokens_per_turn": self.turn_tokens,
+        }
+
+
+def plan_turns(messages: list[dict]) -> list[list[dict]]:
+    """Source messages -> the inputs before each assistant turn the target will write.
+
+    Assistant messages are dropped; every run of other messages that holds a user turn gets one
+    answer (consecutive user turns are answered together; a run of system messages alone is
+    merged into the next run). Inputs after the last user turn with nothing to answer are dropped.
+
+    >>> [len(s) for s in plan_turns([{"role": "system", "content": "s"}, {"role": "user", "content": "a"},
+    ...     {"role": "assistant", "content": "x"}, {"role": "user", "content": "b"}])]
+    [2, 1]
+    """
+    segments: list[list[dict]] = []
+    current: list[dict] = []
+    for m in messages:
+        if m["role"] != "assistant":
+            current.append({"role": m["role"], "content": m["content"]})
+        elif any(x["role"] == "user" for x in current):
+            segments.append(current)
+            current = []
+    if any(x["role"] == "user" for x in current):
+        segments.append(current)
+    return segments
+
+
+def iter_source(source: str) -> Iterator[tuple[str, list[dict]]]:
+    """(id, messages) in source order; ids unique (a repeated ShareGPT id keeps its first record)."""
+    from draftsmith.bench.workloads import load_jsonl_prompts, load_workload
+    from draftsmith.data.sources import iter_sharegpt
+
+    if source == "sharegpt":
+        seen: set[str] = set()
+        for record in iter_sharegpt(split="train"):
+            if record["id"] not in seen:
+                seen.add(record["id"])
+                yield record["id"], record["messages"]
+    elif source == "humaneval":
+        # Exactly the `code` benchmark's prompts (same CODE_REQUEST template), all 164.
+        for p in load_workload("code", 1_000_000):
+            yield p.id, p.messages
+    else:
+        for p in load_jsonl_prompts(source):
+            yield p.id, p.messages
+
+
+def select(
+    source: str, num: int, shard: tuple[int, int], done: set[str], max_turns: int
+) -> tuple[list[Conversation], int]:
+    """This shard's conversations among the first `num`, minus finished ids. Also returns how many
+    of this shard's conversations were already done."""
+    i, n = shard
+    todo, already = [], 0
+    for index, (cid, messages) in enumerate(iter_source(source)):
+        if index >= num:
+            break
+        if index % n != i:
+            continue
+        if cid in done:
+            already += 1
+            continue
+        segments = plan_turns(messages)[:max_turns]
+        if segments:
+            todo.append(Conversation(index=index, id=cid, segments=segments))
+    return todo, already
+
+
+def parse_shard(spec: str | None) -> tuple[int, int]:
+    if spec is None:
+        return 0, 1
+    try:
+        i_text, n_text = spec.split("/")
+        i, n = int(i_text), int(n_text)
+    except ValueError:
+        raise UserError(
+            f"--shard {spec!r} is not i/n: pass e.g. --shard 0/4 for the first of 4 shards"
+        ) from None
+    if n < 1 or not 0 <= i < n:
+        raise UserError(f"--shard {spec}: need 0 <= i < n, e.g. --shard 0/{max(n, 1)}")
+    return i, n
+
+
+def turn_seed(seed: int, *parts: int) -> int:
+    """A 31-bit seed per (run seed, batch or conversation, turn): unrelated streams, reproducible."""
+    digest = hashlib.sha256("/".join(str(p) for p in (seed, *parts)).encode()).digest()
+    return int.from_bytes(digest[:4], "big") >> 1
+
+
+# ---------------------------------------------------------------- local generation
+
+
+def regenerate_local(
+    target,
+    convs: list[Conversation],
+    *,
+    batch_size: int,
+    max_new_tokens: int,
+    sampling,
+    drafter=None,
+    k: int = 8,
+    seed: int = 0,
+    on_tokens: Callable[[int], None] | None = None,
+) -> Iterator[list[Conversation]]:
+    """Run the target over `convs` in batches; yield each batch once all its turns are written."""
+    from dataclasses import replace
+
+    from draftsmith.decoding.engine import generate
+    from draftsmith.target.chat import encode_messages
+
+    tok = target.tokenizer
+    stream = (lambda row, ids: on_tokens(len(ids))) if on_tokens is not None else None
+    for start in range(0, len(convs), batch_size):
+        batch = convs[start : start + batch_size]
+        for turn in range(max(len(c.segments) for c in batch)):
+            wave, prompts = [], []
+            for c in batch:
+                if c.ended_by is not None or turn >= len(c.segments):
+                    continue
+                ids = encode_messages(tok, c.history(turn))
+                if len(ids) + max_new_tokens > target.max_context:
+                    c.ended_by = "context"
+                    continue
+                wave.append(c)
+                prompts.append(ids)
+            if not wave:
+                break
+            params = replace(sampling, seed=turn_seed(seed, batch[0].index, turn))
+            results = generate(
+                target,
+                drafter,
+                prompts,
+                k=k,
+                sampling=params,
+                max_new_tokens=max_new_tokens,
+                on_tokens=stream,
+            )
+            for c, res in zip(wave, results, strict=True):
+                text = tok.decode(res.token_ids, skip_special_tokens=True)
+                c.add_reply(turn, text, res.finish_reason, len(res.token_ids))
+        yield batch
+
+
+# ---------------------------------------------------------------- report
+
+
+def build_report(records: Iterable[dict], run: dict, meta: dict) -> dict:
+    """Lengths and finish reasons over every record in the output, plus this run's `run` numbers."""
+    lengths: list[int] = []
+    reasons: Counter[str] = Counter()
+    conversations = tokens = 0
+    for r in records:  # streamed: the output may be far larger than memory
+        conversations += 1
+        tokens += r["num_new_tokens"]
+        lengths += r.get("new_tokens_per_turn", [])
+        reasons.update(r["finish_reasons"])
+    lengths.sort()
+
+    def nearest_rank(q: float) -> int:
+        return lengths[max(0, math.ceil(q * len(lengths)) - 1)] if lengths else 0
+
+    return {
+        **meta,
+        "conversations": conversations,
+        "turns": sum(reasons.values()),
+        "generated_tokens": tokens,
+        "assistant_tokens": {
+            "mean": round(sum(lengths) / len(lengths), 1) if lengths else 0.0,
+            "median": nearest_rank(0.5),
+            "p90": nearest_rank(0.9),
+            "max": lengths[-1] if lengths else 0,
+        },
+        "finish_reasons": {"stop": reasons.get("stop", 0), "length": reasons.get("length", 0)},
+        "run": run,
+    }
+
+
+def print_report(rep: dict) -> None:
+    run, a = rep["run"], rep["assistant_tokens"]
+    print(f"regenerated by {rep['target']} from {rep['source']} -> {rep['out']}")
+    print(
+        f"  this run   {run['conversations']} conversations, {run['turns']} turns, {run['generated_tokens']} tokens "
+        f"in {run['seconds']:.1f} s = {run['tokens_per_s']:.1f} tok/s"
+    )
+    print(
+        f"  in file    {rep['conversations']} conversations, {rep['turns']} turns, {rep['generated_tokens']} tokens"
+    )
+    print(f"  turn len   mean {a['mean']}  median {a['median']}  p90 {a['p90']}  max {a['max']} tokens")
+    fr = rep["finish_reasons"]
+    print(f"  finish     stop {fr['stop']}  length {fr['length']}")
+    ended = ", ".join(f"{k} {v}" for k, v in run["ended_early"].items() if v)
+    if ended:
+        print(f"  ended early  {ended} ({run['nothing_written']} before their first turn: no record)")
+
+
+# ---------------------------------------------------------------- command
+
+
+def add_regenerate_parser(subparsers) -> argparse.ArgumentParser:
+    """Add `regenerate` to the subparsers of `draftsmith data`."""
+    p = subparsers.add_parser("regenerate", help="the target writes the assistant turns of training data")
+    p.add_argument("--target", default="smollm2-135m", help="smollm2-135m, HF folder, hub id or .gguf")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
+    p.add_argument("--source", required=True, help="sharegpt, humaneval or a FILE.jsonl")
+    p.add_argument("--num", type=int, required=True, help="take the first N conversations of the source")
+    p.add_argument("--max-new-tokens", type=int, default=512)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--batch-size", type=int, default=8, help="conversations per engine batch (local)")
+    p.add_argument("--max-turns", type=int, default=8, help="assistant turns per conversation at most")
+    p.add_argument("--drafter", default="ar", help="local speculation (lossless): ar, ngram, suffix")
+    p.add_argument("--k", type=int, default=8, help="drafted tokens per step with --drafter")
+    p.add_argument("--endpoint", default=None, help="OpenAI-compatible server URL, e.g. http://host:8000/v1")
+    p.add_argument("--concurrency", type=int, default=16, help="requests in flight with --endpoint")
+    p.add_argument("--model", default=None, help="model name on the endpoint (default: its first)")
+    p.add_argument("--shard", default=None, help="i/n: handle conversations whose index is i mod n")
+    p.add_argument("--out", required=True, help="output .jsonl (resumable; see OUT.partial)")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_regenerate)
+    return p
+
+
+def cmd_regenerate(args) -> int:
+    from tqdm import tqdm
+
+    from draftsmith.decoding.sampling import SamplingParams
+    from draftsmith.fileio import atomic_write_json
+
+    for flag, value in (("--num", args.num), ("--max-new-tokens", args.max_new_tokens),
+                        ("--batch-size", args.batch_size), ("--max-turns", args.max_turns),
+                        ("--concurrency", args.concurrency), ("--k", args.k)):  # fmt: skip
+        if value <= 0:
+            raise UserError(f"{flag} {value} must be positive")
+    shard = parse_shard(args.shard)
+    sampling = SamplingParams(temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    source = _source_name(args.source)
+    if source == "humaneval":
+        sys.stderr.write(
+            "note: humaneval is also the prompt set of the `code` benchmark; a speculator trained on "
+            "this data is measured there on its own training prompts\n"
+        )
+    if args.endpoint is None:
+        from draftsmith.drafters import registry
+        from draftsmith.target.model import load_target
+
+        drafter = registry.build(args.drafter)
+        target = load_target(args.target, args.dtype, args.device)
+        name, tokenizer, max_context = target.name, target.tokenizer, target.max_context
+    else:
+        from draftsmith.data.regen_endpoint import load_tokenizer
+
+        name, tokenizer, max_context = load_tokenizer(args.target)
+
+    out = ResumableJsonl(args.out, keys={"target": name, "source": source})
+    convs, already = select(args.source, args.num, shard, out.done, args.max_turns)
+    tokens, t0, last_shown = 0, time.perf_counter(), 0.0
+    bar = tqdm(total=len(convs), desc="regenerate", unit="conv", disable=args.no_progress, file=sys.stderr)
+
+    def on_tokens(n: int) -> None:
+        nonlocal tokens, last_shown
+        tokens += n
+        now = time.perf_counter()
+        if now - last_shown > 0.5:  # a postfix refresh per token would cost more than decoding
+            bar.set_postfix_str(f"{tokens / (now - t0):.1f} tok/s", refresh=True)
+            last_shown = now
+
+    run_convs: list[Conversation] = []
+
+    def on_done(batch: list[Conversation]) -> None:
+        for c in batch:
+            run_convs.append(c)
+            if c.finish_reasons:  # a first prompt that never fit leaves nothing to train on
+                out.write(c.record(source, name))
+        out.sync()
+        bar.update(len(batch))
+
+    try:
+        if args.endpoint is None:
+            for batch in regenerate_local(
+                target, convs, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
+                sampling=sampling, drafter=drafter, k=args.k, seed=args.seed, on_tokens=on_tokens,
+            ):  # fmt: skip
+                on_done(batch)
+        else:
+            from draftsmith.data.regen_endpoint import regenerate_endpoint
+
+            regenerate_endpoint(
+                args.endpoint, convs, model=args.model, concurrency=args.concurrency, sampling=sampling,
+                max_new_tokens=args.max_new_tokens, tokenizer=tokenizer, max_context=max_context,
+                seed=args.seed, on_done=on_done, on_tokens=on_tokens, flush_every=args.batch_size,
+            )  # fmt: skip
+    finally:
+        out.close()
+        bar.close()
+    out.finish()
+
+    seconds = time.perf_counter() - t0
+    written = [c for c in run_convs if c.finish_reasons]
+    ended = Counter(c.ended_by for c in run_convs if c.ended_by)
+    generated = sum(sum(c.turn_tokens) for c in written)
+    run = {
+        "conversations": len(written),
+        "already_done": already,
+        "turns": sum(len(c.finish_reasons) for c in written),
+        "generated_tokens": generated,
+        "seconds": round(seconds, 2),
+        "tokens_per_s": round(generated / seconds, 2) if seconds > 0 else 0.0,
+        # Ended before their last turn (context full, or a request refused by the endpoint); those
+        # that ended before their first turn have no record.
+        "ended_early": {"context": ended.get("context", 0), "rejected": ended.get("rejected", 0)},
+        "nothing_written": len(run_convs) - len(written),
+    }
+    meta = {
+        "out": str(args.out),
+        "target": name,
+        "source": source,
+        "mode": "endpoint" if args.endpoint else "local",
+        "shard": f"{shard[0]}/{shard[1]}",
+        "num": args.num,
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "max_turns": args.max_turns,
+    }
+    report = build_report(out.records(), run, meta)
+    atomic_write_json(f"{args.out}.report.json", report)
+    print_report(report)
+    summary = {
+        "out": str(args.out),
+        "conversations": report["conversations"],
+        "tokens_per_s": run["tokens_per_s"],
+    }
+    print(json.dumps(summary))
+    return 0
+
+
+def _source_name(source: str) -> str:
+    if source in SOURCES:
+        return source
+    path = Path(source).expanduser()
+    if not path.is_file():
+        raise UserError(
+            f"--source {source!r}: use sharegpt, humaneval or the path of an existing .jsonl file"
+        )
+    # The file name, not the path as typed: `./p.jsonl` and `p.jsonl` must resume the same output.
+    return os.path.basename(path)

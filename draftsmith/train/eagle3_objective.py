@@ -1,0 +1,242 @@
+"""EAGLE-3 training-time test (TTT): the draft unrolled S steps on its own outputs, scored against
+the target's distribution. A pure function of tensors and the draft model's weights.
+
+Words (as in `drafters/eagle3.py`): draft position t pairs the fused target feature g_t with token
+x_{t+1} and predicts x_{t+2}. For every anchor t of a batch, step s = 0..S-1 computes
+
+    step 0:   hidden g_t,            token x_{t+1},   RoPE position t     -> predicts x_{t+2}
+    step s:   hidden h_t^(s-1),      token x_{t+1+s}, RoPE position t+s   -> predicts x_{t+2+s}
+
+where h_t^(s-1) is the layer's own output at step s-1 for the same anchor (gradients flow through
+it), and the tokens are ground truth. The query of (step s, anchor t) attends to the step-0 keys at
+positions <= t and, for each step 1 <= j <= s, to the key of step j at the same anchor: exactly what
+chain drafting sees at inference (the paired positions up to the frontier, then its own chain).
+
+Attention is computed as one [T, T] block (queries x step-0 keys, causal and block-diagonal across
+packed examples) plus s "diagonal" scores q_t . k_t^(j), softmaxed together: the [T, (s+1)T] mask
+of the naive formulation is diagonal outside its first block, so this costs one step-0 attention
+per step instead of s+1 (SpecForge computes it the same way).
+
+Loss at (s, t): soft cross-entropy between the draft distribution over the draft vocabulary and the
+target's next-token distribution at t+1+s restricted to the draft vocabulary (target logits at the
+draft ids, softmaxed). It is counted where x_{t+2+s} is an assistant token (loss mask), lies in the
+same packed example as t, and the target's argmax over the full vocabulary is in the draft
+vocabulary. Each step's loss is normalised by its count (or by counts given from outside, which is
+how data-parallel ranks agree on one normaliser), and total = sum_s decay^s * loss_s.
+
+The LM head and soft cross-entropy are fused and chunked (`_SoftCrossEntropy`): its gradients are
+computed in the forward, so no [n, draft_vocab] tensor is kept for backward, which is what bounds
+memory on a CPU with a 32k draft vocabulary and 7 steps.
+
+This module knows the model's layer math and the loss. It does not know batching, packing, the
+target, optimisers or distribution (it takes `segments`/`positions` and optional global counts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+from draftsmith.drafters.eagle3 import Eagle3Model
+
+DECAY = 0.8
+
+
+@dataclass
+class TTTResult:
+    loss: torch.Tensor  # scalar, differentiable: sum_s decay^s * loss_s
+    step_loss: torch.Tensor  # [S] detached, each step's normalised loss
+    correct: torch.Tensor  # [S] counted positions where the draft argmax equals the target argmax
+    counts: torch.Tensor  # [S] counted positions of this batch (local, even when normalised globally)
+    logits: list[torch.Tensor] | None = None  # per step [b, T, Vd], only with return_logits
+
+    @property
+    def acc(self) -> list[float]:
+        return [
+            c / n if n else float("nan")
+            for c, n in zip(self.correct.tolist(), self.counts.tolist(), strict=True)
+        ]
+
+
+def target_to_draft(model: Eagle3Model) -> torch.Tensor:
+    """[V] long: draft id of each target id, -1 where the target id is outside the draft vocab."""
+    lookup = torch.full((model.t2d.shape[0],), -1, dtype=torch.long, device=model.d2t.device)
+    lookup[model.draft_to_target()] = torch.arange(model.d2t.shape[0], device=model.d2t.device)
+    return lookup
+
+
+def step_masks(
+    model: Eagle3Model,
+    loss_mask: torch.Tensor,  # [b, T]
+    target_logits: torch.Tensor,  # [b, T, V]
+    ttt_steps: int,
+    segments: torch.Tensor | None = None,  # [b, T] example id per token, -1 on padding
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """Which anchors count at each step ([b, T] bool each), and the target argmax as a draft id [b, T]."""
+    b, T = loss_mask.shape
+    seg = segments if segments is not None else loss_mask.new_zeros(b, T, dtype=torch.long)
+    tgt = target_to_draft(model)[target_logits.argmax(-1)]  # [b, T], -1 when not in the draft vocab
+    masks = []
+    for s in range(ttt_steps):
+        same = (_shift(seg, 2 + s, -2) == seg) & (seg >= 0)
+        counted = same & _shift(loss_mask, 2 + s, 0).bool() & (_shift(tgt, 1 + s, -1) >= 0)
+        masks.append(counted)
+    return masks, tgt
+
+
+def count_positions(
+    model: Eagle3Model,
+    loss_mask: torch.Tensor,
+    target_logits: torch.Tensor,
+    ttt_steps: int,
+    segments: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """[S] long: counted positions per step (what a data-parallel run all-reduces before the loss)."""
+    masks, _ = step_masks(model, loss_mask, target_logits, ttt_steps, segments)
+    return torch.stack([m.sum() for m in masks])
+
+
+def ttt_loss(
+    model: Eagle3Model,
+    input_ids: torch.Tensor,  # [b, T]
+    loss_mask: torch.Tensor,  # [b, T] 1 on assistant tokens
+    features: torch.Tensor,  # [b, T, 3, H_target] target hidden states of the feature layers
+    target_logits: torch.Tensor,  # [b, T, V] target next-token logits at each position
+    *,
+    ttt_steps: int = 7,
+    decay: float = DECAY,
+    segments: torch.Tensor | None = None,  # [b, T] packed example id, -1 on padding; None = one each
+    positions: torch.Tensor | None = None,  # [b, T] position inside its example; None = 0..T-1
+    counts: torch.Tensor | None = None,  # [S] normalisers (global over ranks); None = this batch's
+    return_logits: bool = False,
+) -> TTTResult:
+    """The TTT loss of one (packed) batch; see the module docstring."""
+    b, T = input_ids.shape
+    device = input_ids.device
+    if segments is None:
+        segments = torch.zeros(b, T, dtype=torch.long, device=device)
+    if positions is None:
+        positions = torch.arange(T, device=device).expand(b, T)
+    masks, tgt = step_masks(model, loss_mask, target_logits, ttt_steps, segments)
+    local_counts = torch.stack([m.sum() for m in masks])
+    norm = local_counts if counts is None else counts.to(device)
+    draft_ids = model.draft_to_target()
+
+    idx = torch.arange(T, device=device)
+    # Step-0 keys: same example, causal. Padding (segment -1) attends to itself, so no row is empty.
+    mask0 = (segments[:, :, None] == segments[:, None, :]) & (idx[:, None] >= idx[None, :])  # [b, T, T]
+    hidden = model.fuse(features)  # [b, T, H]
+    keys: list[torch.Tensor] = []
+    values: list[torch.Tensor] = []
+    total = hidden.new_zeros((), dtype=torch.float32)
+    step_loss, correct, logits_out = [], [], []
+    for s in range(ttt_steps):
+        ids = _shift(input_ids, 1 + s, 0)  # x_{t+1+s}; past the end a dummy token, never counted
+        h, k, v = _layer(model, ids, hidden, positions + s, keys, values, mask0)
+        keys.append(k)
+        values.append(v)
+        if return_logits:
+            with torch.no_grad():
+                logits_out.append(model.lm_head(model.norm(h)).float())
+
+        rows, cols = masks[s].nonzero(as_tuple=True)
+        p = torch.softmax(target_logits[rows, cols + 1 + s][:, draft_ids].float(), -1)  # [n, Vd]
+        x = model.norm(h[rows, cols])  # [n, H]
+        loss_sum, argmax = _SoftCrossEntropy.apply(x, model.lm_head.weight, p)
+        loss_s = loss_sum / norm[s].clamp(min=1)
+        total = total + decay**s * loss_s
+        step_loss.append(loss_s.detach())
+        correct.append((argmax == tgt[rows, cols + 1 + s]).sum())
+        hidden = h
+    return TTTResult(
+        loss=total,
+        step_loss=torch.stack(step_loss),
+        correct=torch.stack(correct),
+        counts=local_counts,
+        logits=logits_out if return_logits else None,
+    )
+
+
+def _shift(x: torch.Tensor, n: int, fill: int) -> torch.Tensor:
+    """x[:, t + n] at column t; `fill` past the end. [b, T] -> [b, T]."""
+    out = x.new_full(x.shape, fill)
+    if n < x.shape[1]:
+        out[:, : x.shape[1] - n] = x[:, n:]
+    return out
+
+
+def _layer(
+    model: Eagle3Model,
+    ids: torch.Tensor,  # [b, T]
+    hidden: torch.Tensor,  # [b, T, H]
+    positions: torch.Tensor,  # [b, T]
+    keys: list[torch.Tensor],  # keys of steps 0..s-1, each [b, kv_heads, T, d]
+    values: list[torch.Tensor],
+    mask0: torch.Tensor,  # [b, T, T] bool: may a query attend to a step-0 key
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The draft layer (as `Eagle3Model.forward`) with TTT attention. Returns (h, new keys, new values)."""
+    layer = model.midlayer
+    attn = layer.self_attn
+    b, T, _ = hidden.shape
+    emb = model.embed_tokens(ids).to(hidden.dtype)
+    x = torch.cat([layer.input_layernorm(emb), layer.hidden_norm(hidden)], dim=-1)
+    q = attn.q_proj(x).view(b, T, attn.heads, attn.head_dim).transpose(1, 2)  # [b, heads, T, d]
+    k = attn.k_proj(x).view(b, T, attn.kv_heads, attn.head_dim).transpose(1, 2)  # [b, kv, T, d]
+    v = attn.v_proj(x).view(b, T, attn.kv_heads, attn.head_dim).transpose(1, 2)
+    cos, sin = model.rotary(v, positions)
+    q, k = apply_rotary_pos_emb(q, k, cos, sin)
+
+    rep = attn.heads // attn.kv_heads  # GQA: query head i reads kv head i // rep, as SDPA's enable_gqa
+    ks = [kk.repeat_interleave(rep, 1) for kk in [*keys, k]]  # each [b, heads, T, d]
+    vs = [vv.repeat_interleave(rep, 1) for vv in [*values, v]]
+    scale = attn.head_dim**-0.5
+    block = (q @ ks[0].transpose(-1, -2)) * scale  # [b, heads, T, T]
+    block = block.masked_fill(~mask0[:, None], float("-inf"))
+    diag = [(q * kj).sum(-1, keepdim=True) * scale for kj in ks[1:]]  # s x [b, heads, T, 1]
+    w = torch.softmax(torch.cat([block, *diag], dim=-1).float(), dim=-1).to(q.dtype)
+    out = w[..., :T] @ vs[0]  # [b, heads, T, d]
+    for j, vj in enumerate(vs[1:]):
+        out = out + w[..., T + j : T + j + 1] * vj
+    r = hidden + attn.o_proj(out.transpose(1, 2).reshape(b, T, -1))
+    h = r + layer.mlp(layer.post_attention_layernorm(r))
+    return h, k, v
+
+
+class _SoftCrossEntropy(torch.autograd.Function):
+    """sum_i -p_i . log_softmax(x_i W^T), chunked over rows, gradients computed in the forward.
+
+    d loss / d logits = softmax(logits) - p (p sums to 1), so the gradients for x and W are two
+    matrix products per chunk; keeping them ([n, H] and [Vd, H]) instead of the [n, Vd] log-probs
+    is what saves the memory. Also returns the draft argmax per row (no gradient).
+    """
+
+    CHUNK = 1024
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, p: torch.Tensor):
+        n = x.shape[0]
+        loss = torch.zeros((), dtype=torch.float32, device=x.device)
+        gx = torch.empty(n, x.shape[1], dtype=torch.float32, device=x.device)
+        gw = torch.zeros(weight.shape, dtype=torch.float32, device=x.device)
+        argmax = torch.empty(n, dtype=torch.long, device=x.device)
+        for i in range(0, n, _SoftCrossEntropy.CHUNK):
+            j = min(i + _SoftCrossEntropy.CHUNK, n)
+            logits = F.linear(x[i:j], weight).float()  # [c, Vd]; bf16 matmul under autocast
+            logq = torch.log_softmax(logits, -1)
+            loss += -(p[i:j] * logq).sum()
+            argmax[i:j] = logits.argmax(-1)
+            g = logq.exp_() - p[i:j]  # [c, Vd] d loss / d logits
+            # Under autocast these run in bf16 like the forward product; otherwise in the inputs' dtype.
+            gx[i:j] = g @ weight
+            gw += g.t() @ x[i:j]
+        ctx.save_for_backward(gx.to(x.dtype), gw.to(weight.dtype))
+        ctx.mark_non_differentiable(argmax)
+        return loss, argmax
+
+    @staticmethod
+    def backward(ctx, grad_loss: torch.Tensor, _grad_argmax):
+        gx, gw = ctx.saved_tensors
+        return grad_loss * gx, grad_loss * gw, None

@@ -1,0 +1,36 @@
+"""Held-out tau of a draft being trained, measured by the real engine exactly as a user would get it:
+the draft is saved like a finished speculator, loaded through `eagle3:PATH`, and drafts for greedy
+decoding of the eval workload's prompts (the target's chat template applied).
+
+Knows the engine, the registry and the workloads; knows nothing of the training loop.
+"""
+
+from __future__ import annotations
+
+import tempfile
+
+from draftsmith.bench.workloads import load_workload
+from draftsmith.decoding.engine import generate
+from draftsmith.drafters import registry
+from draftsmith.drafters.eagle3 import Eagle3Model
+from draftsmith.target.chat import encode_messages
+from draftsmith.target.model import Target
+
+
+def eval_prompts(target: Target, workload: str, n: int, max_new_tokens: int, k: int) -> list[list[int]]:
+    """Up to n prompt token lists; prompts too long for the target's context are left out."""
+    prompts = [encode_messages(target.tokenizer, p.messages) for p in load_workload(workload, n)]
+    room = target.max_context - max_new_tokens - k - 2
+    return [p for p in prompts if 0 < len(p) <= room]
+
+
+def measure_tau(
+    target: Target, model: Eagle3Model, prompts: list[list[int]], k: int, max_new_tokens: int
+) -> float:
+    """Mean tokens per verify step over the prompts (one batch), at temperature 0."""
+    if not prompts:
+        return float("nan")
+    with tempfile.TemporaryDirectory(prefix="draftsmith-eval-") as d:
+        model.save(d)
+        results = generate(target, registry.build(f"eagle3:{d}"), prompts, k=k, max_new_tokens=max_new_tokens)
+    return results[0].stats.tau  # stats are per batch, shared by every result

@@ -1,0 +1,69 @@
+"""What the frozen target contributes to a training batch, computed online: the hidden states of the
+drafter's feature layers and the next-token logits at every position of packed rows.
+
+Packed rows need a block-diagonal causal mask and positions restarting per example; transformers
+takes a 4D boolean mask as-is (and a dict of them, per layer type, for models that mix full and
+sliding-window attention). Linear-attention layers get no mask: the data side never packs such
+targets (one example per row, right padding, which a recurrent state never reads back).
+
+This module knows the HF forward and the feature-layer convention (layer id i = hidden_states[i+1]).
+It does not know the drafter or the loss.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from draftsmith.errors import UserError
+from draftsmith.target.model import Target
+from draftsmith.train.data import Packed
+
+
+def can_pack(target: Target) -> bool:
+    return not target.is_hybrid
+
+
+def packed_mask(target: Target, segments: torch.Tensor):
+    """[b, 1, T, T] bool (True = attend) or a dict of them by layer type."""
+    T = segments.shape[1]
+    i = torch.arange(T, device=segments.device)
+    same = segments[:, :, None] == segments[:, None, :]
+    causal = (same & (i[:, None] >= i[None, :]))[:, None]
+    if not target._mask_dict:
+        return causal
+    masks: dict[str, torch.Tensor | None] = {}
+    for kind in set(target.layer_types):
+        if kind == "full_attention":
+            masks[kind] = causal
+        elif kind == "sliding_attention":
+            masks[kind] = causal & (i[:, None] - i[None, :] < target.sliding_window)
+        elif kind == "linear_attention":
+            masks[kind] = None
+        else:
+            raise UserError(f"target layer type '{kind}' is not supported for training yet")
+    return masks
+
+
+def target_pass(
+    target: Target, batch: Packed, feature_layers: list[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(features [b, T, 3, H], logits [b, T, V]) for a packed batch on the target's device.
+
+    Features are cloned out of inference mode because the draft's `fc` saves its input for
+    backward; the logits are only read (restricted and softmaxed) so they stay as they are.
+    """
+    feats, logits = _forward(target, batch, feature_layers)
+    return feats.clone(), logits
+
+
+@torch.inference_mode()
+def _forward(target: Target, batch: Packed, feature_layers: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    out = target.model(
+        input_ids=batch.input_ids,
+        attention_mask=packed_mask(target, batch.segments),
+        position_ids=batch.positions,
+        output_hidden_states=True,
+        use_cache=False,
+    )
+    feats = torch.stack([out.hidden_states[i + 1] for i in feature_layers], dim=2)
+    return feats, out.logits

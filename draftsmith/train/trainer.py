@@ -1,0 +1,339 @@
+"""`draftsmith train eagle3`: one training loop, read top to bottom.
+
+setup (data, target, draft vocabulary, draft model, optimizer, the plan of global batches)
+-> resume (weights, optimizer, RNG, data position, metrics) -> per step: the frozen target's
+features and logits on this rank's shard, the TTT loss (`eagle3_objective`), gradients summed over
+ranks, clipping, AdamW at the scheduled learning rate -> metrics line, held-out tau every
+`eval_every` steps (the real engine), atomic checkpoint every `save_every` steps and at the end.
+
+Choices worth knowing:
+- The learning-rate schedule (linear warmup, cosine to 0) spans all `epochs`; `max_steps` only
+  stops early, as an interruption would, so `--max-steps k` then `--resume` equals one run.
+- Draft weights are fp32 master weights; with bfloat16 the step runs under CPU/CUDA autocast and
+  the target runs in bf16. The target (and so the shared embedding) is frozen: it is not in the
+  optimizer and runs in inference mode.
+- Only rank 0 evaluates, writes metrics and checkpoints.
+
+This module knows the order of things; the math is in `eagle3_objective`, batching in `data`,
+the state on disk in `checkpoint`, collectives in `distributed`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from draftsmith.drafters.eagle3 import Eagle3Model, default_feature_layers, make_config
+from draftsmith.errors import UserError
+from draftsmith.target.model import load_target, parse_device, parse_dtype
+from draftsmith.train import checkpoint, distributed
+from draftsmith.train.data import draft_vocab, load_conversations, pack, plan_batches, shard, tokenize_dataset
+from draftsmith.train.eagle3_objective import count_positions, ttt_loss
+from draftsmith.train.evaluate import eval_prompts, measure_tau
+from draftsmith.train.target_pass import can_pack, target_pass
+
+# Settings that define a run: a checkpoint resumes only under the same ones.
+FINGERPRINT = (
+    "target", "epochs", "lr", "batch_tokens", "max_len", "ttt_steps",
+    "draft_vocab", "warmup_ratio", "grad_clip", "seed",
+)  # fmt: skip
+
+
+@dataclass
+class TrainConfig:
+    target: str
+    data: str
+    out: str
+    epochs: int = 1
+    lr: float = 1e-4
+    batch_tokens: int = 4096
+    max_len: int = 2048
+    ttt_steps: int = 7
+    draft_vocab: int = 32000
+    warmup_ratio: float = 0.04
+    grad_clip: float = 0.5
+    eval_every: int = 200  # 0: only at the end of a run
+    eval_workload: str = "chat"
+    eval_prompts: int = 8  # 0: no held-out tau
+    eval_max_new_tokens: int = 64
+    eval_k: int | None = None  # drafted tokens per step when measuring tau; None = ttt_steps
+    save_every: int | None = None  # None = eval_every; 0: only at the end of a run
+    resume: bool = False
+    seed: int = 0
+    dtype: str = "bfloat16"
+    device: str = "cpu"
+    max_steps: int | None = None
+    progress: bool = True
+    command: str = ""
+    extra: dict = field(default_factory=dict)  # anything else to record in draftsmith.json
+
+
+def lr_at(step: int, total: int, warmup: int, base: float) -> float:
+    """Linear warmup over `warmup` steps, then cosine from `base` to 0 at `total`."""
+    if step < warmup:
+        return base * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return base * 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def feature_layers(num_layers: int) -> list[int]:
+    """EAGLE's three layers; a target too shallow for three distinct ones repeats a layer."""
+    layers = default_feature_layers(num_layers)
+    if len(layers) < 3:
+        layers = sorted(min(max(i, 0), num_layers - 1) for i in (1, num_layers // 2 - 1, num_layers - 4))
+    return layers
+
+
+def train_eagle3(cfg: TrainConfig) -> dict:
+    """Train (or resume) an EAGLE-3 draft; returns a summary. User mistakes raise UserError."""
+    _check_args(cfg)
+    records = load_conversations(cfg.data)
+    fingerprint = {k: getattr(cfg, k) for k in FINGERPRINT} | {"data_sha256": _digest(cfg.data)}
+    _check_out(cfg, fingerprint)
+    parse_dtype(cfg.dtype)
+    world = distributed.init(parse_device(cfg.device))
+    try:
+        return _train(cfg, records, fingerprint, world)
+    finally:
+        distributed.shutdown(world)
+
+
+def _train(cfg: TrainConfig, records: list[dict], fingerprint: dict, world: distributed.World) -> dict:
+    main = world.is_main
+    out = Path(cfg.out)
+    warnings.filterwarnings("ignore", message="Mismatch dtype between input and weight")  # rms_norm, autocast
+
+    # ---- setup: target, examples, draft vocabulary, draft model, optimizer, batch plan ---------
+    target = load_target(cfg.target, cfg.dtype, str(world.device.type))
+    target.model.requires_grad_(False)
+    examples = tokenize_dataset(target.tokenizer, records, cfg.max_len, progress=main and cfg.progress)
+    lengths = [len(ex.input_ids) for ex in examples]
+    layers = feature_layers(target.num_layers)
+    torch.manual_seed(cfg.seed)
+    config = make_config(target.model.config, cfg.draft_vocab, layers)
+    model = Eagle3Model(config, target.model.get_input_embeddings()).to(world.device, torch.float32)
+    model.set_vocab_map(draft_vocab(examples, config.draft_vocab_size, target.vocab_size).to(world.device))
+    params = list(model.parameters())  # the target's embedding is not among them: it is frozen
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    plan = plan_batches(lengths, cfg.batch_tokens, cfg.epochs, cfg.seed)
+    total = len(plan)
+    warmup = max(1, math.ceil(cfg.warmup_ratio * total)) if cfg.warmup_ratio > 0 else 0
+    stop = min(total, cfg.max_steps) if cfg.max_steps else total
+    save_every = cfg.eval_every if cfg.save_every is None else cfg.save_every
+    k_eval = cfg.eval_k or cfg.ttt_steps
+    autocast = torch.autocast(world.device.type, dtype=torch.bfloat16, enabled=cfg.dtype == "bfloat16")
+
+    # ---- resume: weights, optimizer, RNG, data position, metrics -------------------------------
+    state = {"step": 0, "epoch": 0, "index": 0, "tokens_seen": 0, "wall_time_s": 0.0, "tau": None}
+    state |= {"fingerprint": fingerprint, "commands": [], "total_steps": total, "warmup_steps": warmup}
+    metrics: list[dict] = []
+    if cfg.resume:
+        ckpt = checkpoint.load(out, world.device)
+        model.load_state_dict(ckpt.model)
+        optimizer.load_state_dict(ckpt.optimizer)
+        checkpoint.restore_rng(ckpt.rng)
+        state |= {
+            k: ckpt.state[k]
+            for k in ("step", "epoch", "index", "tokens_seen", "wall_time_s", "tau", "commands")
+        }
+        metrics = ckpt.metrics
+        at = state["step"]
+        if at < total and (plan[at].epoch, plan[at].index) != (state["epoch"], state["index"]):
+            raise UserError(f"checkpoint in {out} stopped at a data position this data no longer has")
+    state["commands"] = [*state["commands"], cfg.command]
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    prompts = []
+    if main and cfg.eval_prompts > 0:
+        prompts = eval_prompts(target, cfg.eval_workload, cfg.eval_prompts, cfg.eval_max_new_tokens, k_eval)
+
+    # ---- training loop -------------------------------------------------------------------------
+    step, began = state["step"], time.perf_counter()
+    wall_before = state["wall_time_s"]
+    bar = tqdm(
+        total=stop, initial=step, unit="step", disable=not (main and cfg.progress), desc="train eagle3"
+    )
+    while step < stop:
+        t0 = time.perf_counter()
+        planned = plan[step]
+        lr = lr_at(step, total, warmup, cfg.lr)
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+
+        mine = [examples[i] for i in shard(planned.examples, lengths, world.rank, world.size)]
+        local = _forward_backward(model, target, mine, layers, cfg, world, autocast)
+        distributed.sum_gradients(world, params)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        g = distributed.all_sum(world, local)  # [loss, step_loss x S, correct x S, counts x S, tokens]
+        step += 1
+        dt = time.perf_counter() - t0
+
+        # ---- metrics, held-out tau, checkpoint (rank 0) ----------------------------------------
+        S = cfg.ttt_steps
+        correct, counts, tokens = g[1 + S : 1 + 2 * S], g[1 + 2 * S : 1 + 3 * S], int(g[-1])
+        state["tokens_seen"] += tokens
+        state["wall_time_s"] = wall_before + time.perf_counter() - began
+        nxt = plan[step] if step < total else planned
+        state |= {"step": step, "epoch": nxt.epoch, "index": nxt.index if step < total else len(lengths)}
+        rec = {
+            "step": step,
+            "epoch": planned.epoch,
+            "loss": float(g[0]),
+            "step_loss": [round(float(x), 6) for x in g[1 : 1 + S]],
+            "acc": [round(float(c / n), 6) if n > 0 else None for c, n in zip(correct, counts, strict=True)],
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "tokens": tokens,
+            "tokens_per_s": tokens / dt,
+            "wall_time_s": round(state["wall_time_s"], 3),
+        }
+        if main and prompts and (step == stop or (cfg.eval_every and step % cfg.eval_every == 0)):
+            state["tau"] = rec["tau"] = measure_tau(target, model, prompts, k_eval, cfg.eval_max_new_tokens)
+        metrics.append(rec)
+        if main:
+            with open(out / "metrics.jsonl", "a") as f:
+                f.write(json.dumps(rec) + "\n")
+            bar.update(1)
+            bar.set_postfix(
+                loss=f"{rec['loss']:.3f}",
+                acc=rec["acc"][0],
+                tok_s=f"{rec['tokens_per_s']:.0f}",
+                tau=state["tau"],
+            )
+        if main and (step == stop or (save_every and step % save_every == 0)):
+            _save(out, model, optimizer, state, metrics, cfg, target.name, layers)
+    bar.close()
+    return {k: state[k] for k in ("step", "tokens_seen", "wall_time_s", "tau")} | {
+        "total_steps": total,
+        "out": str(out),
+    }
+
+
+def _forward_backward(model, target, examples, layers, cfg: TrainConfig, world, autocast) -> torch.Tensor:
+    """Loss and gradients on this rank's shard. Returns [loss, step_loss, correct, counts, tokens]."""
+    S = cfg.ttt_steps
+    if not examples:  # a global batch smaller than the world: this rank only joins the collectives
+        distributed.all_sum(world, torch.zeros(S, dtype=torch.long))
+        return torch.zeros(2 + 3 * S, dtype=torch.float64)
+    batch = pack(examples, cfg.max_len, packing=can_pack(target)).to(world.device)
+    features, logits = target_pass(target, batch, layers)
+    # Every rank normalises by the global counts, so summed gradients are the global batch's.
+    counts = distributed.all_sum(world, count_positions(model, batch.loss_mask, logits, S, batch.segments))
+    with autocast:
+        res = ttt_loss(
+            model, batch.input_ids, batch.loss_mask, features, logits,
+            ttt_steps=S, segments=batch.segments, positions=batch.positions, counts=counts,
+        )  # fmt: skip
+    res.loss.backward()
+    parts = [
+        res.loss.detach().reshape(1),
+        res.step_loss,
+        res.correct,
+        res.counts,
+        torch.tensor([batch.num_tokens]),
+    ]
+    return torch.cat([p.double().cpu() for p in parts])
+
+
+def _save(
+    out: Path, model: Eagle3Model, optimizer, state: dict, metrics: list[dict], cfg, target_name, layers
+) -> None:
+    checkpoint.save(
+        out,
+        checkpoint.Checkpoint(
+            model=model.state_dict(),
+            optimizer=optimizer.state_dict(),
+            rng=checkpoint.capture_rng(),
+            state=state,
+            metrics=metrics,
+        ),
+    )
+    # The speculator itself, in SGLang's layout and the training dtype, next to the checkpoint.
+    export = Eagle3Model(model.config, model.embed_tokens)
+    export.load_state_dict(model.state_dict())
+    export.to(parse_dtype(cfg.dtype)).save(
+        out,
+        extra={
+            "target": target_name,
+            "target_spec": cfg.target,
+            "data": str(Path(cfg.data).resolve()),
+            "data_sha256": state["fingerprint"]["data_sha256"],
+            "steps": state["step"],
+            "total_steps": state["total_steps"],
+            "tokens_seen": state["tokens_seen"],
+            "wall_time_s": round(state["wall_time_s"], 1),
+            "tau": state["tau"],
+            "tau_workload": cfg.eval_workload,
+            "feature_layers": layers,
+            "draft_vocab_size": model.config.draft_vocab_size,
+            "command": state["commands"][0],
+            "commands": state["commands"],
+            "train": {k: v for k, v in asdict(cfg).items() if k not in ("progress", "command", "extra")},
+        }
+        | cfg.extra,
+    )
+
+
+# ---------------------------------------------------------------- user errors, before any work
+
+
+def _check_args(cfg: TrainConfig) -> None:
+    positive = {"--epochs": cfg.epochs, "--lr": cfg.lr, "--batch-tokens": cfg.batch_tokens,
+                "--max-len": cfg.max_len, "--ttt-steps": cfg.ttt_steps, "--draft-vocab": cfg.draft_vocab,
+                "--grad-clip": cfg.grad_clip, "--eval-max-new-tokens": cfg.eval_max_new_tokens}  # fmt: skip
+    for flag, v in positive.items():
+        if not v > 0:
+            raise UserError(f"{flag} {v} must be positive")
+    for flag, v in {"--eval-every": cfg.eval_every, "--eval-prompts": cfg.eval_prompts,
+                    "--save-every": cfg.save_every or 0}.items():  # fmt: skip
+        if v < 0:
+            raise UserError(f"{flag} {v} must be 0 or more")
+    if not 0 <= cfg.warmup_ratio < 1:
+        raise UserError(f"--warmup-ratio {cfg.warmup_ratio} must be in [0, 1)")
+    if cfg.max_steps is not None and cfg.max_steps <= 0:
+        raise UserError(f"--max-steps {cfg.max_steps} must be positive")
+    if cfg.eval_k is not None and cfg.eval_k <= 0:
+        raise UserError(f"--eval-k {cfg.eval_k} must be positive")
+
+
+def _check_out(cfg: TrainConfig, fingerprint: dict) -> None:
+    saved = checkpoint.read_state(cfg.out)
+    if saved is None:
+        if cfg.resume:
+            raise UserError(f"--resume but {cfg.out} holds no checkpoint; drop --resume to start a new run")
+        return
+    old = saved["fingerprint"]
+    diff = [f"{k} {old.get(k)!r} -> {v!r}" for k, v in fingerprint.items() if old.get(k) != v]
+    if diff and cfg.resume:
+        raise UserError(
+            f"--resume: the checkpoint in {cfg.out} was made with other settings ({'; '.join(diff)}); "
+            "pass the same settings or choose another --out"
+        )
+    if diff:
+        raise UserError(
+            f"{cfg.out} holds a checkpoint of another run ({'; '.join(diff)}); choose another --out"
+        )
+    if not cfg.resume:
+        raise UserError(
+            f"{cfg.out} already holds a checkpoint of this run at step {saved['step']}; "
+            "pass --resume to continue it, or choose another --out"
+        )
+
+
+def _digest(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
