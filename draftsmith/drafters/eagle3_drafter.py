@@ -20,7 +20,7 @@ import torch
 
 from draftsmith.drafters.base import Draft
 from draftsmith.drafters.eagle3 import Eagle3Model, load_eagle3
-from draftsmith.drafters.registry import register
+from draftsmith.drafters.registry import parse_options, register
 from draftsmith.errors import UserError
 
 
@@ -97,6 +97,8 @@ class Eagle3Drafter:
     def propose(self, k: int) -> Draft:
         if self.last is None or k <= 0:
             return Draft(tokens=[])
+        if self.f.tree is not None:
+            return self._propose_tree(k, self.f.tree[0], self.f.tree[1])
         logits, h = self.last
         d2t = self.f.draft_to_target
         tokens: list[int] = []
@@ -131,6 +133,70 @@ class Eagle3Drafter:
             probs[:, d2t.cpu()] = torch.stack(qs).cpu()
         return Draft(tokens=tokens, probs=probs)
 
+    def _propose_tree(self, depth: int, topk: int, size: int) -> Draft:
+        """EAGLE-2 dynamic tree: expand the `topk` best nodes per depth by cumulative log-probability,
+        then keep the `size` best nodes overall (a node's score never exceeds its parent's, so the
+        kept set is closed under ancestors)."""
+        d2t = self.f.draft_to_target
+        logits, h = self.last
+        logp = torch.log_softmax(logits.float(), -1)
+        top = torch.topk(logp, min(topk, logp.shape[-1]))
+        # node: (target token, parent index, score, depth); hidden_in[i] = the h its parent produced
+        nodes: list[tuple[int, int, float, int]] = []
+        hidden_in: list[torch.Tensor] = []
+        for lp, did in zip(top.values.tolist(), top.indices.tolist(), strict=True):
+            nodes.append((int(d2t[did]), -1, lp, 1))
+            hidden_in.append(h)
+        frontier = list(range(len(nodes)))
+        slot_of: dict[int, int] = {}  # fed node -> its speculative draft KV slot
+        for level in range(2, depth + 1):
+            fed = frontier
+            base = self.length + len(slot_of)
+            for j, node in enumerate(fed):
+                slot_of[node] = base + j
+            ids = torch.tensor([[nodes[i][0] for i in fed]], device=self.device)
+            hid = torch.stack([hidden_in[i] for i in fed])[None]
+            pos = torch.full((1, len(fed)), self.length + level - 2, device=self.device)
+            mask = self._tree_mask(fed, nodes, slot_of, base)
+            out_logits, out_h, kk, vv = self.model(
+                ids, hid, pos, self.kv.k[:, :, :base], self.kv.v[:, :, :base], mask
+            )
+            self.kv.write(base, kk, vv)
+            logp = torch.log_softmax(out_logits[0].float(), -1)  # [F, Vd]
+            top = torch.topk(logp, min(topk, logp.shape[-1]), dim=-1)
+            children = []
+            for j, parent in enumerate(fed):
+                for lp, did in zip(top.values[j].tolist(), top.indices[j].tolist(), strict=True):
+                    nodes.append((int(d2t[did]), parent, nodes[parent][2] + lp, level))
+                    hidden_in.append(out_h[0, j])
+                    children.append(len(nodes) - 1)
+            frontier = sorted(children, key=lambda i: -nodes[i][2])[:topk]
+        keep = sorted(sorted(range(len(nodes)), key=lambda i: -nodes[i][2])[:size])
+        kept = set(keep)
+        for i in list(keep):  # ties can drop an ancestor; put it back
+            p = nodes[i][1]
+            while p >= 0 and p not in kept:
+                kept.add(p)
+                p = nodes[p][1]
+        order = sorted(kept, key=lambda i: (nodes[i][3], i))
+        index = {old: new for new, old in enumerate(order)}
+        return Draft(
+            tokens=[nodes[i][0] for i in order],
+            parents=[index[nodes[i][1]] if nodes[i][1] >= 0 else -1 for i in order],
+        )
+
+    def _tree_mask(self, fed: list[int], nodes, slot_of: dict[int, int], base: int) -> torch.Tensor:
+        """[1, 1, F, base + F]: committed draft positions, each node's fed ancestors, and itself."""
+        mask = torch.zeros(len(fed), base + len(fed), dtype=torch.bool, device=self.device)
+        mask[:, : self.length] = True
+        for j, node in enumerate(fed):
+            mask[j, base + j] = True
+            p = nodes[node][1]
+            while p >= 0:
+                mask[j, slot_of[p]] = True
+                p = nodes[p][1]
+        return mask[None, None]
+
 
 def _causal_mask(past: int, q: int, device) -> torch.Tensor:
     keys = torch.arange(past + q, device=device)
@@ -143,8 +209,10 @@ class Eagle3Factory:
 
     name = "eagle3"
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, tree: tuple[int, int] | None = None) -> None:
         self.path = path
+        self.tree = None if tree is None else (tree[0], tree[1])  # (topk per depth, tree size)
+        self.max_draft_tokens = 0 if tree is None else tree[1]
         self.model: Eagle3Model | None = None
         self.needs_features: tuple[int, ...] = ()
         self.sampling = False
@@ -187,3 +255,18 @@ def build(arg: str | None) -> Eagle3Factory:
     if not arg:
         raise UserError("eagle3 needs a checkpoint: use eagle3:PATH")
     return Eagle3Factory(arg)
+
+
+@register("eagle3-tree")
+def build_tree(arg: str | None) -> Eagle3Factory:
+    """`eagle3-tree:PATH[:topk=8][:size=60]`: EAGLE-2 dynamic trees of depth k."""
+    if not arg:
+        raise UserError("eagle3-tree needs a checkpoint: use eagle3-tree:PATH[:topk=8][:size=60]")
+    parts = arg.split(":")
+    opts = []
+    while len(parts) > 1 and "=" in parts[-1]:
+        opts.insert(0, parts.pop())
+    o = parse_options(":".join(opts) or None, {"topk": 8, "size": 60})
+    if o["topk"] < 1 or o["size"] < 1:
+        raise UserError("eagle3-tree options topk and size must be positive")
+    return Eagle3Factory(":".join(parts), tree=(int(o["topk"]), int(o["size"])))

@@ -120,3 +120,32 @@ def test_sampling_with_eagle3_keeps_target_law(tmp_path):
         a = torch.bincount(torch.tensor([r.token_ids[pos] for r in spec]), minlength=vocab).float() / rows
         b = torch.bincount(torch.tensor([r.token_ids[pos] for r in plain]), minlength=vocab).float() / rows
         assert 0.5 * float((a - b).abs().sum()) < 0.09
+
+
+def test_tree_with_topk_one_is_the_chain(tmp_path):
+    t = tiny_target("llama")
+    _make_drafter(t, tmp_path / "d")
+    prompt = random_prompts(1, seed=9)[0]
+    drafts = {}
+    for spec in (f"eagle3:{tmp_path / 'd'}", f"eagle3-tree:{tmp_path / 'd'}:topk=1:size=6"):
+        f = registry.build(spec)
+        f.bind(t, SamplingParams())
+        d = f()
+        with torch.no_grad():
+            hs = t.model(input_ids=torch.tensor([prompt]), output_hidden_states=True).hidden_states
+        d.start(prompt, torch.stack([hs[i + 1][0] for i in f.needs_features], dim=1))
+        d.commit([3], None)
+        drafts[spec.split(":")[0]] = d.propose(6)
+    chain, tree = drafts["eagle3"], drafts["eagle3-tree"]
+    assert tree.tokens == chain.tokens and tree.parents == [-1, 0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("k", [2, 5])
+def test_greedy_with_eagle3_tree_equals_plain(tmp_path, k):
+    t = tiny_target("llama")
+    _make_drafter(t, tmp_path / "d")
+    prompts = random_prompts(2, seed=k)
+    ar = generate(t, None, prompts, max_new_tokens=16)
+    f = registry.build(f"eagle3-tree:{tmp_path / 'd'}:topk=3:size=10")
+    out = generate(t, f, prompts, k=k, max_new_tokens=16)
+    assert [r.token_ids for r in out] == [r.token_ids for r in ar]
