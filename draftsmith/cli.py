@@ -63,6 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default="results.json")
     b.add_argument("--no-progress", action="store_true")
 
+    d = sub.add_parser("data", help="training data: regenerate answers with the target")
+    dsub = d.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
+    from draftsmith.data.regenerate import add_regenerate_parser
+
+    add_regenerate_parser(dsub)
+
     e = sub.add_parser("export", help="write a trained speculator in the layout SGLang or vLLM loads")
     e.add_argument("--format", required=True, choices=["sglang", "vllm"])
     e.add_argument(
@@ -79,6 +85,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.command == "data":
+            from draftsmith.data.regenerate import cmd_regenerate
+
+            return cmd_regenerate(args)
         return {"generate": cmd_generate, "bench": cmd_bench, "export": cmd_export}[args.command](args)
     except UserError as e:
         sys.stderr.write(f"draftsmith: error: {e}\n")

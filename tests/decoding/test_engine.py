@@ -59,8 +59,14 @@ def test_eos_and_stop_callback_end_rows():
     assert out[0].token_ids == ar[0].token_ids[: first_eos + 1] and out[0].finish_reason == "stop"
     t.eos_ids = set()
     stop_after = ar[1].token_ids[:4]
-    out = generate(t, OracleFactory(refs, noise=0.0), prompts, k=5, max_new_tokens=20,
-                   stop=lambda row, ids: ids[-4:] == stop_after)
+    out = generate(
+        t,
+        OracleFactory(refs, noise=0.0),
+        prompts,
+        k=5,
+        max_new_tokens=20,
+        stop=lambda row, ids: ids[-4:] == stop_after,
+    )
     assert out[1].token_ids == stop_after and out[1].finish_reason == "stop"
 
 
@@ -69,8 +75,14 @@ def test_streaming_reports_every_token_once():
     prompts = random_prompts(2, seed=8)
     ar, refs = _references(t, prompts, 12)
     seen: dict[int, list[int]] = {0: [], 1: []}
-    generate(t, OracleFactory(refs, noise=0.2), prompts, k=4, max_new_tokens=12,
-             on_tokens=lambda row, ids: seen[row].extend(ids))
+    generate(
+        t,
+        OracleFactory(refs, noise=0.2),
+        prompts,
+        k=4,
+        max_new_tokens=12,
+        on_tokens=lambda row, ids: seen[row].extend(ids),
+    )
     assert [seen[0], seen[1]] == [r.token_ids for r in ar]
 
 
