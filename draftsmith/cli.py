@@ -69,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_regenerate_parser(dsub)
 
+    tr = sub.add_parser("train", help="train a speculator for a target")
+    trsub = tr.add_subparsers(dest="train_command", required=True, parser_class=_Parser)
+    from draftsmith.train.eagle3_cli import add_train_eagle3_parser
+
+    add_train_eagle3_parser(trsub)
+
     e = sub.add_parser("export", help="write a trained speculator in the layout SGLang or vLLM loads")
     e.add_argument("--format", required=True, choices=["sglang", "vllm"])
     e.add_argument(
@@ -85,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if args.command == "train":
+            args.command_line = " ".join(["draftsmith", *(argv if argv is not None else sys.argv[1:])])
+            return args.func(args)
         if args.command == "data":
             from draftsmith.data.regenerate import cmd_regenerate
 

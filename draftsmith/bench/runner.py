@@ -67,7 +67,8 @@ def run_bench(
     factories = {m: registry.build(m) for m in methods}
     peer_objs: dict[str, Peer] = {}
     skipped: dict[str, str] = {}
-    max_context = max(len(p) for p in prompts) + max_new_tokens + 16
+    # Lookup peers evaluate a whole draft past the last token, so leave room beyond the budget.
+    max_context = max(len(p) for p in prompts) + max_new_tokens + 64
     for name in peers:
         reason = peer_available(name, target)
         if reason:
@@ -90,8 +91,13 @@ def run_bench(
                 generate(target, f, [ids], k=k, sampling=sampling, max_new_tokens=max_new_tokens)[0]
             )
             bar.update()
-        for name, p in peer_objs.items():
-            tallies[name].add_peer(p.run(ids, max_new_tokens, sampling))
+        for name, p in list(peer_objs.items()):
+            try:
+                tallies[name].add_peer(p.run(ids, max_new_tokens, sampling))
+            except Exception as e:  # a peer's own failure is reported, not fatal to our measurement
+                skipped[name] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+                log(f"peer {name} {skipped[name]}")
+                del peer_objs[name], tallies[name]
             bar.update()
     bar.close()
 

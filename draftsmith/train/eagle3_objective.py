@@ -22,7 +22,9 @@ target's next-token distribution at t+1+s restricted to the draft vocabulary (ta
 draft ids, softmaxed). It is counted where x_{t+2+s} is an assistant token (loss mask), lies in the
 same packed example as t, and the target's argmax over the full vocabulary is in the draft
 vocabulary. Each step's loss is normalised by its count (or by counts given from outside, which is
-how data-parallel ranks agree on one normaliser), and total = sum_s decay^s * loss_s.
+how data-parallel ranks agree on one normaliser), and total = sum_s decay^s * loss_s. What the loss
+needs from the target's [b, T, V] logits (p over the draft vocab, the full-vocab argmax) is taken
+once per batch into a `TargetSignal`, so the full logits can be freed before the draft runs.
 
 The LM head and soft cross-entropy are fused and chunked (`_SoftCrossEntropy`): its gradients are
 computed in the forward, so no [n, draft_vocab] tensor is kept for backward, which is what bounds
@@ -37,7 +39,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from draftsmith.drafters.eagle3 import Eagle3Model
@@ -68,34 +69,51 @@ def target_to_draft(model: Eagle3Model) -> torch.Tensor:
     return lookup
 
 
+@dataclass
+class TargetSignal:
+    """What the loss needs from the target's logits, computed once per batch (one pass over [b, T, V])."""
+
+    p: torch.Tensor  # [b, T, Vd] fp32: next-token distribution restricted to the draft vocab
+    argmax: torch.Tensor  # [b, T] long: argmax over the FULL vocab as a draft id, -1 outside it
+
+    @classmethod
+    def from_logits(cls, model: Eagle3Model, target_logits: torch.Tensor) -> TargetSignal:
+        restricted = target_logits.index_select(-1, model.draft_to_target())  # [b, T, Vd]
+        p = torch.softmax(restricted, -1, dtype=torch.float32)
+        top = target_logits.max(-1).indices  # as argmax (first maximum), twice as fast on a CPU
+        return cls(p=p, argmax=target_to_draft(model)[top])
+
+
+def _signal(model: Eagle3Model, target: torch.Tensor | TargetSignal) -> TargetSignal:
+    return target if isinstance(target, TargetSignal) else TargetSignal.from_logits(model, target)
+
+
 def step_masks(
-    model: Eagle3Model,
     loss_mask: torch.Tensor,  # [b, T]
-    target_logits: torch.Tensor,  # [b, T, V]
+    signal: TargetSignal,
     ttt_steps: int,
     segments: torch.Tensor | None = None,  # [b, T] example id per token, -1 on padding
-) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """Which anchors count at each step ([b, T] bool each), and the target argmax as a draft id [b, T]."""
+) -> list[torch.Tensor]:
+    """Which anchors count at each step: [b, T] bool each."""
     b, T = loss_mask.shape
     seg = segments if segments is not None else loss_mask.new_zeros(b, T, dtype=torch.long)
-    tgt = target_to_draft(model)[target_logits.argmax(-1)]  # [b, T], -1 when not in the draft vocab
     masks = []
     for s in range(ttt_steps):
         same = (_shift(seg, 2 + s, -2) == seg) & (seg >= 0)
-        counted = same & _shift(loss_mask, 2 + s, 0).bool() & (_shift(tgt, 1 + s, -1) >= 0)
+        counted = same & _shift(loss_mask, 2 + s, 0).bool() & (_shift(signal.argmax, 1 + s, -1) >= 0)
         masks.append(counted)
-    return masks, tgt
+    return masks
 
 
 def count_positions(
     model: Eagle3Model,
-    loss_mask: torch.Tensor,
-    target_logits: torch.Tensor,
+    loss_mask: torch.Tensor,  # [b, T]
+    target: torch.Tensor | TargetSignal,  # [b, T, V] target logits, or their TargetSignal
     ttt_steps: int,
     segments: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """[S] long: counted positions per step (what a data-parallel run all-reduces before the loss)."""
-    masks, _ = step_masks(model, loss_mask, target_logits, ttt_steps, segments)
+    masks = step_masks(loss_mask, _signal(model, target), ttt_steps, segments)
     return torch.stack([m.sum() for m in masks])
 
 
@@ -104,7 +122,7 @@ def ttt_loss(
     input_ids: torch.Tensor,  # [b, T]
     loss_mask: torch.Tensor,  # [b, T] 1 on assistant tokens
     features: torch.Tensor,  # [b, T, 3, H_target] target hidden states of the feature layers
-    target_logits: torch.Tensor,  # [b, T, V] target next-token logits at each position
+    target: torch.Tensor | TargetSignal,  # [b, T, V] target next-token logits, or their TargetSignal
     *,
     ttt_steps: int = 7,
     decay: float = DECAY,
@@ -120,10 +138,12 @@ def ttt_loss(
         segments = torch.zeros(b, T, dtype=torch.long, device=device)
     if positions is None:
         positions = torch.arange(T, device=device).expand(b, T)
-    masks, tgt = step_masks(model, loss_mask, target_logits, ttt_steps, segments)
+    signal = _signal(model, target)
+    masks = step_masks(loss_mask, signal, ttt_steps, segments)
     local_counts = torch.stack([m.sum() for m in masks])
     norm = local_counts if counts is None else counts.to(device)
-    draft_ids = model.draft_to_target()
+    p_rows = signal.p.view(b * T, -1)  # [b*T, Vd]
+    tgt_rows = signal.argmax.view(-1)
 
     idx = torch.arange(T, device=device)
     # Step-0 keys: same example, causal. Padding (segment -1) attends to itself, so no row is empty.
@@ -143,13 +163,13 @@ def ttt_loss(
                 logits_out.append(model.lm_head(model.norm(h)).float())
 
         rows, cols = masks[s].nonzero(as_tuple=True)
-        p = torch.softmax(target_logits[rows, cols + 1 + s][:, draft_ids].float(), -1)  # [n, Vd]
+        at = rows * T + cols + 1 + s  # the target's position t+1+s, flattened
         x = model.norm(h[rows, cols])  # [n, H]
-        loss_sum, argmax = _SoftCrossEntropy.apply(x, model.lm_head.weight, p)
+        loss_sum, argmax = _SoftCrossEntropy.apply(x, model.lm_head.weight, p_rows.index_select(0, at))
         loss_s = loss_sum / norm[s].clamp(min=1)
         total = total + decay**s * loss_s
         step_loss.append(loss_s.detach())
-        correct.append((argmax == tgt[rows, cols + 1 + s]).sum())
+        correct.append((argmax == tgt_rows[at]).sum())
         hidden = h
     return TTTResult(
         loss=total,
@@ -217,21 +237,31 @@ class _SoftCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, p: torch.Tensor):
+        # The three products run in the autocast dtype (bf16) when autocast is on, as the LM head
+        # would; casting W once here instead of per product saves as much time as a product.
+        dev = x.device.type
+        dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else weight.dtype
+        w, xs = weight.to(dtype), x.to(dtype)
         n = x.shape[0]
         loss = torch.zeros((), dtype=torch.float32, device=x.device)
         gx = torch.empty(n, x.shape[1], dtype=torch.float32, device=x.device)
         gw = torch.zeros(weight.shape, dtype=torch.float32, device=x.device)
         argmax = torch.empty(n, dtype=torch.long, device=x.device)
-        for i in range(0, n, _SoftCrossEntropy.CHUNK):
-            j = min(i + _SoftCrossEntropy.CHUNK, n)
-            logits = F.linear(x[i:j], weight).float()  # [c, Vd]; bf16 matmul under autocast
-            logq = torch.log_softmax(logits, -1)
-            loss += -(p[i:j] * logq).sum()
-            argmax[i:j] = logits.argmax(-1)
-            g = logq.exp_() - p[i:j]  # [c, Vd] d loss / d logits
-            # Under autocast these run in bf16 like the forward product; otherwise in the inputs' dtype.
-            gx[i:j] = g @ weight
-            gw += g.t() @ x[i:j]
+        with torch.autocast(dev, enabled=False):
+            for i in range(0, n, _SoftCrossEntropy.CHUNK):
+                j = min(i + _SoftCrossEntropy.CHUNK, n)
+                # Few passes over [c, Vd]: on a CPU they, not the products, take most of the time.
+                z = (xs[i:j] @ w.t()).float()  # [c, Vd] draft logits
+                zmax, top = z.max(-1)
+                q = torch.softmax(z, -1)
+                lse = zmax - q.gather(1, top[:, None]).squeeze(1).log()  # q[top] >= 1/Vd: no underflow
+                # -p . log_softmax(z) = lse - p . z, as p sums to 1
+                loss += (lse - torch.linalg.vecdot(p[i:j], z)).sum()
+                argmax[i:j] = top
+                del z
+                g = q.sub_(p[i:j]).to(dtype)  # [c, Vd] softmax - p = d loss / d z
+                gx[i:j] = g @ w
+                gw += g.t() @ xs[i:j]
         ctx.save_for_backward(gx.to(x.dtype), gw.to(weight.dtype))
         ctx.mark_non_differentiable(argmax)
         return loss, argmax

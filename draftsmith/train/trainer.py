@@ -36,7 +36,7 @@ from draftsmith.errors import UserError
 from draftsmith.target.model import load_target, parse_device, parse_dtype
 from draftsmith.train import checkpoint, distributed
 from draftsmith.train.data import draft_vocab, load_conversations, pack, plan_batches, shard, tokenize_dataset
-from draftsmith.train.eagle3_objective import count_positions, ttt_loss
+from draftsmith.train.eagle3_objective import TargetSignal, count_positions, ttt_loss
 from draftsmith.train.evaluate import eval_prompts, measure_tau
 from draftsmith.train.target_pass import can_pack, target_pass
 
@@ -184,8 +184,9 @@ def _train(cfg: TrainConfig, records: list[dict], fingerprint: dict, world: dist
         correct, counts, tokens = g[1 + S : 1 + 2 * S], g[1 + 2 * S : 1 + 3 * S], int(g[-1])
         state["tokens_seen"] += tokens
         state["wall_time_s"] = wall_before + time.perf_counter() - began
-        nxt = plan[step] if step < total else planned
-        state |= {"step": step, "epoch": nxt.epoch, "index": nxt.index if step < total else len(lengths)}
+        # The data position is where the next batch starts: (epoch, index into its permutation).
+        state |= {"step": step, "epoch": plan[step].epoch if step < total else cfg.epochs}
+        state["index"] = plan[step].index if step < total else 0
         rec = {
             "step": step,
             "epoch": planned.epoch,
@@ -228,11 +229,13 @@ def _forward_backward(model, target, examples, layers, cfg: TrainConfig, world, 
         return torch.zeros(2 + 3 * S, dtype=torch.float64)
     batch = pack(examples, cfg.max_len, packing=can_pack(target)).to(world.device)
     features, logits = target_pass(target, batch, layers)
+    signal = TargetSignal.from_logits(model, logits)  # [b, T, Vd] instead of [b, T, V] from here on
+    del logits
     # Every rank normalises by the global counts, so summed gradients are the global batch's.
-    counts = distributed.all_sum(world, count_positions(model, batch.loss_mask, logits, S, batch.segments))
+    counts = distributed.all_sum(world, count_positions(model, batch.loss_mask, signal, S, batch.segments))
     with autocast:
         res = ttt_loss(
-            model, batch.input_ids, batch.loss_mask, features, logits,
+            model, batch.input_ids, batch.loss_mask, features, signal,
             ttt_steps=S, segments=batch.segments, positions=batch.positions, counts=counts,
         )  # fmt: skip
     res.loss.backward()

@@ -1,0 +1,277 @@
+"""`draftsmith train eagle3` on a tiny local checkpoint: data batching, an overfit run measured by the
+real engine, exact resume, atomic checkpoints, data parallelism over gloo, and user errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import make_tiny_checkpoint
+from safetensors.torch import load_file
+from tiny import tiny_target
+from transformers import LlamaForCausalLM
+
+from draftsmith.data.tokenize import Example
+from draftsmith.drafters.eagle3 import load_eagle3
+from draftsmith.train import checkpoint
+from draftsmith.train.data import draft_vocab, pack, plan_batches, shard
+from draftsmith.train.eagle3_cli import main
+from draftsmith.train.target_pass import can_pack, target_pass
+
+CONVERSATIONS = [
+    [("user", "say hello"), ("assistant", "hello hello hello world")],
+    [
+        ("user", "count"),
+        ("assistant", "one two three four five"),
+        ("user", "more"),
+        ("assistant", "six seven"),
+    ],
+    [("user", "abc"), ("assistant", "abcdefghijklmnopqrstuvwxyz")],
+    [("user", "yes?"), ("assistant", "yes yes no yes")],
+]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny matrices gain nothing from threads, and on a shared 2-core machine OpenMP's spinning
+    workers make them 10x slower; the torchrun test sets OMP_NUM_THREADS=1 likewise."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def sharp_target(tmp_path_factory) -> str:
+    """The tiny Llama with an untied, scaled LM head: confident next-token distributions, so the
+    draft has something to learn (the tied random head is nearly uniform)."""
+    path = make_tiny_checkpoint(tmp_path_factory.mktemp("sharp"))
+    model = LlamaForCausalLM.from_pretrained(path)
+    model.config.tie_word_embeddings = False
+    model.lm_head.weight = torch.nn.Parameter(model.model.embed_tokens.weight.detach().clone() * 20)
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, str]:
+    d = tmp_path_factory.mktemp("data")
+    rows = [
+        {"id": f"c{i}", "messages": [{"role": r, "content": c} for r, c in conv]}
+        for i, conv in enumerate(CONVERSATIONS)
+    ]
+    (d / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (d / "eval.jsonl").write_text(
+        json.dumps({"id": "e1", "prompt": "say hello"})
+        + "\n"
+        + json.dumps({"id": "e2", "prompt": "abc"})
+        + "\n"
+    )
+    return {"data": str(d / "data.jsonl"), "eval": str(d / "eval.jsonl")}
+
+
+def _args(target, files, out, *extra) -> list[str]:
+    base = ["--target", target, "--data", files["data"], "--out", str(out), "--dtype", "float32"]
+    base += ["--eval-workload", files["eval"], "--eval-max-new-tokens", "12", "--no-progress"]
+    return base + [str(x) for x in extra]
+
+
+def _metrics(out) -> list[dict]:
+    return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+
+
+# ---------------------------------------------------------------- data
+
+
+def test_draft_vocab_most_frequent_assistant_tokens_ties_by_id():
+    ex = [Example([5, 7, 7, 9, 3, 3], [0, 1, 1, 1, 1, 1]), Example([9, 2], [1, 0])]
+    # assistant counts: 7 -> 2, 3 -> 2, 9 -> 2; 5 and 2 are not assistant tokens
+    assert draft_vocab(ex, 2, 12).tolist() == [3, 7]
+    assert draft_vocab(ex, 4, 12).tolist() == [0, 3, 7, 9]  # the rest by id among zero counts
+    assert draft_vocab(ex, 20, 12).tolist() == list(range(12))
+
+
+def test_plan_shard_and_pack():
+    lengths = [5, 3, 8, 2, 6, 4]
+    plan = plan_batches(lengths, batch_tokens=10, epochs=2, seed=0)
+    for epoch in (0, 1):
+        got = [i for b in plan if b.epoch == epoch for i in b.examples]
+        assert sorted(got) == list(range(6))
+    for b in plan:
+        assert sum(lengths[i] for i in b.examples) <= 10 or len(b.examples) == 1
+    assert plan == plan_batches(lengths, batch_tokens=10, epochs=2, seed=0)
+    batch = plan[0].examples
+    parts = [shard(batch, lengths, r, 2) for r in range(2)]
+    assert sorted(parts[0] + parts[1]) == sorted(batch) and not set(parts[0]) & set(parts[1])
+
+    exs = [Example(list(range(10, 10 + n)), [1] * n) for n in (5, 3, 2)]
+    p = pack(exs, max_len=8)
+    assert p.input_ids.shape == (2, 8) and p.num_tokens == 10  # first fit: [5 + 3], [2 + padding]
+    assert p.segments.tolist() == [[0] * 5 + [1] * 3, [2, 2] + [-1] * 6]
+    assert p.positions.tolist() == [[0, 1, 2, 3, 4, 0, 1, 2], [0, 1] + [0] * 6]
+    assert pack(exs, max_len=8, packing=False).input_ids.shape == (3, 5)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3_5"])
+def test_target_pass_on_packed_rows_equals_separate_forwards(kind):
+    """Packed rows (attention-only) or padded rows (hybrid: never packed) change nothing per example."""
+    target = tiny_target(kind)
+    exs = [Example(list(range(3, 3 + n)), [1] * n) for n in (7, 4, 3)]
+    batch = pack(exs, 16, packing=can_pack(target))
+    assert batch.input_ids.shape[0] == (1 if kind == "llama" else 3)
+    feats, logits = target_pass(target, batch, [0, 0, 1])
+    for i, ex in enumerate(exs):
+        with torch.no_grad():
+            ref = target.model(input_ids=torch.tensor([ex.input_ids]), output_hidden_states=True)
+        rows = batch.segments == i
+        assert torch.allclose(logits[rows], ref.logits[0], atol=1e-5)
+        assert torch.allclose(feats[rows][:, 2], ref.hidden_states[2][0], atol=1e-5)
+
+
+# ---------------------------------------------------------------- training
+
+
+def test_overfit_loss_decreases_and_engine_tau(sharp_target, files, tmp_path):
+    out = tmp_path / "run"
+    args = _args(sharp_target, files, out, "--epochs", 30, "--batch-tokens", 400, "--lr", 3e-3)
+    assert main(args + ["--ttt-steps", "3", "--eval-every", "0", "--eval-k", "3"]) == 0
+    m = _metrics(out)
+    assert len(m) == 30
+    first, last = m[0]["loss"], sum(r["loss"] for r in m[-3:]) / 3
+    assert last < 0.6 * first, (first, last)
+    assert m[-1]["acc"][0] > m[0]["acc"][0]
+    assert m[-1]["tau"] >= 1.0
+    info = json.loads((out / "draftsmith.json").read_text())
+    assert info["steps"] == 30 and info["tau"] == m[-1]["tau"] and info["draft_vocab_size"] > 0
+    assert info["command"].startswith("draftsmith train eagle3 --target")
+    vocab = json.loads((out / "config.json").read_text())["vocab_size"]
+    assert load_eagle3(out, torch.nn.Embedding(vocab, 64)).lm_head.weight.dtype == torch.float32
+
+
+def test_resume_continues_the_loss_curve_exactly(sharp_target, files, tmp_path):
+    common = ["--epochs", 4, "--batch-tokens", 120, "--lr", 2e-3, "--ttt-steps", 3, "--eval-prompts", 0]
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert main(_args(sharp_target, files, a, *common, "--max-steps", 7, "--save-every", 3)) == 0
+    assert main(_args(sharp_target, files, b, *common, "--max-steps", 4, "--save-every", 3)) == 0
+    assert checkpoint.read_state(b)["step"] == 4
+    assert main(_args(sharp_target, files, b, *common, "--max-steps", 7, "--resume")) == 0
+    ma, mb = _metrics(a), _metrics(b)
+    assert [r["step"] for r in mb] == list(range(1, 8))
+    for ra, rb in zip(ma, mb, strict=True):
+        assert abs(ra["loss"] - rb["loss"]) <= 1e-6 and ra["lr"] == rb["lr"], (ra, rb)
+    wa, wb = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
+    assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
+    assert len(json.loads((b / "draftsmith.json").read_text())["commands"]) == 2
+
+
+def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
+    def ckpt(step):
+        return checkpoint.Checkpoint(
+            model={"w": torch.full((3,), float(step))},
+            optimizer={"state": {}, "param_groups": [{"lr": 0.1, "betas": (0.9, 0.95), "params": [0]}]},
+            rng=checkpoint.capture_rng(),
+            state={"step": step},
+            metrics=[{"step": step}],
+        )
+
+    checkpoint.save(tmp_path, ckpt(1))
+    real_save = torch.save
+
+    def crash(obj, f, *a, **k):
+        real_save(obj, f, *a, **k)
+        raise OSError("disk full")
+
+    monkeypatch.setattr(checkpoint.torch, "save", crash)
+    with pytest.raises(OSError):
+        checkpoint.save(tmp_path, ckpt(2))
+    monkeypatch.setattr(checkpoint.torch, "save", real_save)
+    got = checkpoint.load(tmp_path)
+    assert got.state["step"] == 1 and got.model["w"].tolist() == [1.0] * 3
+    assert got.optimizer["param_groups"][0]["betas"] == (0.9, 0.95)
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint"]  # no temporary folder left
+
+    # A crash between moving the old checkpoint aside and moving the new one in.
+    real_rename = Path.rename
+    calls = []
+
+    def rename_then_crash(self, target):
+        calls.append(target)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real_rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", rename_then_crash)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.save(tmp_path, ckpt(3))
+    monkeypatch.setattr(Path, "rename", real_rename)
+    assert checkpoint.load(tmp_path).state["step"] == 1
+    checkpoint.save(tmp_path, ckpt(4))
+    assert checkpoint.load(tmp_path).state["step"] == 4
+    assert not (tmp_path / ".checkpoint.old").exists()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_data_parallel_gloo_equals_single_process(sharp_target, files, tmp_path):
+    common = ["--epochs", 2, "--batch-tokens", 200, "--lr", 2e-3, "--ttt-steps", 2, "--eval-prompts", 0]
+    single, ddp = tmp_path / "single", tmp_path / "ddp"
+    assert main(_args(sharp_target, files, single, *common)) == 0
+    torchrun = Path(sys.executable).with_name("torchrun")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [
+        str(torchrun),
+        "--nproc-per-node",
+        "2",
+        "--master-port",
+        str(_free_port()),
+        "-m",
+        "draftsmith.train.eagle3_cli",
+    ]
+    proc = subprocess.run(
+        cmd + _args(sharp_target, files, ddp, *common), env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ms, md = _metrics(single), _metrics(ddp)
+    assert len(ms) == len(md) >= 4
+    for rs, rd in zip(ms, md, strict=True):
+        assert rs["tokens"] == rd["tokens"] and abs(rs["loss"] - rd["loss"]) < 1e-4
+    ws, wd = load_file(str(single / "model.safetensors")), load_file(str(ddp / "model.safetensors"))
+    for k in ws:
+        assert torch.allclose(ws[k], wd[k], atol=1e-4), k
+
+
+# ---------------------------------------------------------------- user errors
+
+
+def test_user_errors(sharp_target, files, tmp_path, capsys):
+    def error(args) -> str:
+        assert main([str(a) for a in args]) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("draftsmith: error: "), lines
+        return lines[0]
+
+    out = tmp_path / "out"
+    assert "not found" in error(_args(sharp_target, {**files, "data": str(tmp_path / "nope.jsonl")}, out))
+    (tmp_path / "empty.jsonl").write_text("\n")
+    assert "is empty" in error(_args(sharp_target, {**files, "data": str(tmp_path / "empty.jsonl")}, out))
+    (tmp_path / "bad.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}]}\n{oops\n')
+    assert "line 2" in error(_args(sharp_target, {**files, "data": str(tmp_path / "bad.jsonl")}, out))
+    assert "holds no checkpoint" in error(_args(sharp_target, files, out, "--resume"))
+    assert "--lr" in error(_args(sharp_target, files, out, "--lr", 0))
+
+    common = ["--max-steps", 1, "--eval-prompts", 0, "--ttt-steps", 1, "--batch-tokens", 100]
+    assert main(_args(sharp_target, files, out, *common)) == 0
+    capsys.readouterr()
+    assert "pass --resume" in error(_args(sharp_target, files, out, *common))
+    assert "another run" in error(_args(sharp_target, files, out, *common, "--lr", 5e-4))
+    assert "other settings" in error(_args(sharp_target, files, out, *common, "--resume", "--ttt-steps", 2))
