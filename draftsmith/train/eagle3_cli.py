@@ -13,8 +13,6 @@ import os
 import shlex
 import sys
 
-from draftsmith.errors import UserError
-
 HELP = "train an EAGLE-3 speculator for a target on regenerated conversations"
 
 
@@ -101,19 +99,10 @@ def cmd_train_eagle3(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="draftsmith train")
-    add_train_eagle3_parser(parser.add_subparsers(dest="method", required=True))
-    args = parser.parse_args(["eagle3", *argv])
-    args.command_line = shlex.join(["draftsmith", "train", "eagle3", *argv])
-    try:
-        return cmd_train_eagle3(args)
-    except UserError as e:
-        sys.stderr.write(f"draftsmith: error: {e}\n")
-        return 2
-    except KeyboardInterrupt:
-        sys.stderr.write("draftsmith: interrupted\n")
-        return 130
+    """`python -m draftsmith.train.eagle3_cli ARGS` == `draftsmith train eagle3 ARGS` (for torchrun)."""
+    from draftsmith.cli import main as cli_main
+
+    return cli_main(["train", "eagle3", *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":
