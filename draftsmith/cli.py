@@ -51,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--system", default=None, help="optional system message")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming")
     g.add_argument("prompt")
+    g.set_defaults(func=cmd_generate)
 
     b = sub.add_parser("bench", help="compare methods and peers on one workload")
     _add_target_args(b)
@@ -62,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--peers", default="", help="comma list of hf, hf-assisted, llamacpp, llamacpp-lookup")
     b.add_argument("--out", default="results.json")
     b.add_argument("--no-progress", action="store_true")
+    b.set_defaults(func=cmd_bench)
 
     d = sub.add_parser("data", help="training data: regenerate answers with the target")
     dsub = d.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
@@ -85,20 +87,16 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--k", type=int, default=3, help="speculative tokens recorded in the vLLM proposal method")
     e.add_argument("src")
     e.add_argument("dst")
+    e.set_defaults(func=cmd_export)
+    # Later subcommands live beside their code: each module's add_*_parser sets its own func.
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if args.command == "train":
-            args.command_line = " ".join(["draftsmith", *(argv if argv is not None else sys.argv[1:])])
-            return args.func(args)
-        if args.command == "data":
-            from draftsmith.data.regenerate import cmd_regenerate
-
-            return cmd_regenerate(args)
-        return {"generate": cmd_generate, "bench": cmd_bench, "export": cmd_export}[args.command](args)
+        args.command_line = " ".join(["draftsmith", *(argv if argv is not None else sys.argv[1:])])
+        return args.func(args)
     except UserError as e:
         sys.stderr.write(f"draftsmith: error: {e}\n")
         return 2
