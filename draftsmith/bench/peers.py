@@ -229,7 +229,10 @@ def _load_llama(gguf_path: str, n_ctx: int, lookup: bool):
         n_threads_batch=cores,
         n_batch=512,
         n_gpu_layers=0,
-        logits_all=False,  # llama-cpp-python turns it on itself when there is a draft model
+        # With a draft model llama-cpp-python evaluates with all logits on but sizes its score
+        # buffer from this flag (n_batch rows when False), which overflows once the context passes
+        # 512 tokens; so ask for all logits explicitly when drafting.
+        logits_all=lookup,
         verbose=False,
         draft_model=LlamaPromptLookupDecoding(num_pred_tokens=LOOKUP_TOKENS) if lookup else None,
     )
