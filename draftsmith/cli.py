@@ -65,11 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--no-progress", action="store_true")
     b.set_defaults(func=cmd_bench)
 
-    d = sub.add_parser("data", help="training data: regenerate answers with the target")
+    d = sub.add_parser("data", help="training data: regenerate answers, precompute target features")
     dsub = d.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
     from draftsmith.data.regenerate import add_regenerate_parser
 
     add_regenerate_parser(dsub)
+    from draftsmith.data.features import add_features_parser
+
+    add_features_parser(dsub)
 
     tr = sub.add_parser("train", help="train a speculator for a target")
     trsub = tr.add_subparsers(dest="train_command", required=True, parser_class=_Parser)
