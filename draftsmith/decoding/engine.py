@@ -1,10 +1,15 @@
 """The engine: prefill, then (draft -> one target forward verifies -> accept -> commit)* per batch.
 
 Plain autoregressive decoding is the same loop with no drafter (every draft is empty). Rows of a
-batch have their own prompt length, draft length and number of accepted tokens; the `RaggedCache`
-makes that free. Hybrid targets (linear-attention layers) cannot roll back their recurrent state by
-moving a length, so after a partial acceptance the engine restores the state saved before the step
-and replays the accepted tokens (a second, short forward; only for those targets).
+batch have their own prompt length, draft length, sampling settings and number of accepted tokens;
+the `RaggedCache` makes that free. A `Batch` is the step-level API: `add` prefills requests that join
+it, `step` runs one verify round over every live row, `remove` drops cancelled rows, and rows that
+finish leave by themselves; that is all continuous batching (`draftsmith serve`) needs. `generate`
+is a loop over it for one fixed set of prompts.
+
+Hybrid targets (linear-attention layers) cannot roll back their recurrent state by moving a length,
+so after a partial acceptance the engine restores the state saved before the step and replays the
+accepted tokens (a second, short forward; only for those targets).
 
 The engine knows nothing about tokenization: stop strings arrive as a callback over token ids, and
 streaming leaves as a callback with the newly committed ids of a row.
@@ -24,8 +29,8 @@ from draftsmith.drafters.base import Draft, Drafter, DrafterFactory, node_depths
 from draftsmith.errors import UserError
 from draftsmith.target.model import Target
 
-StopFn = Callable[[int, list[int]], bool]  # (row, output ids so far) -> stop now?
-StreamFn = Callable[[int, list[int]], None]  # (row, newly committed ids)
+StopFn = Callable[[int, list[int]], bool]  # (row index, output ids so far) -> stop now?
+StreamFn = Callable[[int, list[int]], None]  # (row index, newly committed ids)
 
 
 @dataclass
@@ -34,6 +39,8 @@ class DecodeStats:
     decode_tokens: int = 0  # tokens committed by decode steps (the first token comes from prefill)
     proposed: list[int] = field(default_factory=list)  # [i]: steps whose draft reached position i+1
     accepted: list[int] = field(default_factory=list)  # [i]: ... and whose token i+1 was accepted
+    drafts: int = 0  # steps that verified a non-empty draft
+    draft_tokens: int = 0  # drafted tokens (tree nodes for trees) sent to verification
     prefill_s: float = 0.0
     draft_s: float = 0.0
     verify_s: float = 0.0
@@ -58,7 +65,8 @@ class DecodeStats:
             self.accepted[i] += 1
 
     def merge(self, other: DecodeStats) -> None:
-        for name in ("steps", "decode_tokens", "prefill_s", "draft_s", "verify_s", "decode_s"):
+        names = ("steps", "decode_tokens", "drafts", "draft_tokens", "prefill_s", "draft_s", "verify_s")
+        for name in (*names, "decode_s"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         grow = len(other.proposed) - len(self.proposed)
         self.proposed += [0] * grow
@@ -76,14 +84,159 @@ class Result:
 
 
 @dataclass
-class _Row:
-    index: int  # position in the caller's prompt list
+class Seq:
+    """A request entering a batch. `index` names its row in callbacks and must be unique in the batch."""
+
+    index: int
+    prompt: list[int]
+    max_new_tokens: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    generator: torch.Generator | None = None  # sampling only; default make_generator(seed, index)
+
+
+@dataclass
+class Row:
+    index: int
+    prompt: list[int]
     drafter: Drafter | None
+    sampling: SamplingParams
     generator: torch.Generator | None
     budget: int
     output: list[int] = field(default_factory=list)
     pending: int = -1  # last committed token, not yet in the cache
-    finish: str | None = None
+    finish: str | None = None  # set when the row leaves the batch: "stop", "length" or "cancelled"
+    stats: DecodeStats = field(default_factory=DecodeStats)  # this row's steps and acceptance
+
+
+class Batch:
+    """A running ragged batch. Rows join with `add` (prefilled at once, in one forward), advance
+    together with `step`, and leave when they finish or are `remove`d; row b of `rows` is row b of
+    the cache. Stats in `stats` cover the whole batch, a row's own in `row.stats`.
+
+    The factory is bound once with `sampling` (EAGLE-3 drafts by sampling when that is not greedy);
+    rows may carry other settings and stay lossless, since verification uses each row's own."""
+
+    def __init__(
+        self,
+        target: Target,
+        factory: DrafterFactory | None,
+        *,
+        k: int = 8,
+        sampling: SamplingParams | None = None,
+        stop: StopFn | None = None,
+        on_tokens: StreamFn | None = None,
+    ) -> None:
+        if k <= 0:
+            raise UserError(f"--k {k} must be a positive number of drafted tokens")
+        if factory is not None and hasattr(factory, "bind"):
+            factory.bind(target, sampling or SamplingParams())
+        self.target, self.factory, self.k = target, factory, k
+        self.stop, self.on_tokens = stop, on_tokens
+        self.feature_layers = tuple(factory.needs_features) if factory is not None else ()
+        # Tree drafters may verify more nodes than k per step; they say how many at most.
+        self.widest = max(k, getattr(factory, "max_draft_tokens", 0))
+        self.cache = target.new_cache(0, 0)
+        self.rows: list[Row] = []
+        self.stats = DecodeStats()
+
+    @torch.inference_mode()
+    def add(self, seqs: list[Seq]) -> list[Row]:
+        """Prefill `seqs` and let them join; returns their rows. A row that ends on its first token
+        (EOS, stop, a budget of one) has already left again, with `finish` set."""
+        for s in seqs:
+            _check(self.target, [s.prompt], self.k, s.max_new_tokens)
+        t0 = time.perf_counter()
+        need = max(len(s.prompt) + s.max_new_tokens for s in seqs) + self.widest + 2
+        if need > self.cache.capacity:  # grow geometrically so later joins rarely widen the buffers
+            limit = self.target.max_context + self.widest + 2
+            need = max(need, min(2 * self.cache.capacity, limit))
+        first = self.cache.batch
+        self.cache.grow(len(seqs), need)
+        rows = [
+            Row(
+                index=s.index,
+                prompt=list(s.prompt),
+                drafter=self.factory() if self.factory is not None else None,
+                sampling=s.sampling,
+                generator=_generator(s),
+                budget=s.max_new_tokens,
+            )
+            for s in seqs
+        ]
+        slots = list(range(first, first + len(seqs)))
+        logits, feats = _prefill(
+            self.target, self.cache, slots, [r.prompt for r in rows], self.feature_layers
+        )
+        for r, row in enumerate(rows):
+            first_tok = _pick(logits[r], row.sampling, row.generator)
+            row_feats = feats[r, : len(row.prompt)] if feats is not None else None
+            _commit(row, [first_tok], self.target, self.stop, self.on_tokens)
+            if row.drafter is not None:
+                row.drafter.start(list(row.prompt), row_feats)
+                # No token entered the cache with `first_tok`: its features arrive with the next step.
+                row.drafter.commit([first_tok], None if row_feats is None else row_feats[:0])
+        self.rows += rows
+        self._drop_finished()
+        self.target.sync()
+        self.stats.prefill_s += time.perf_counter() - t0
+        return rows
+
+    @torch.inference_mode()
+    def step(self) -> list[Row]:
+        """One draft -> verify -> accept -> commit round for every live row; returns the rows that
+        finished in it (they have left the batch)."""
+        live, cache, stats = self.rows, self.cache, self.stats
+        t = time.perf_counter()
+        drafts = [_propose(row, self.k) for row in live]
+        stats.draft_s += time.perf_counter() - t
+
+        t = time.perf_counter()
+        ids, tree = _layout(live, drafts)  # ids [b, q]: pending token, then the draft
+        if tree is not None and cache.has_recurrent_state:
+            raise UserError("tree drafts are not supported on hybrid targets yet: use a chain drafter")
+        snap = cache.snapshot_state() if cache.has_recurrent_state else None
+        out = self.target.forward(cache, ids, feature_layers=self.feature_layers, tree=tree)
+        paths = _verify(out.logits, drafts, live)
+        self.target.sync()
+        stats.verify_s += time.perf_counter() - t
+
+        if snap is not None:
+            _replay(self.target, cache, snap, ids, [len(path) for path, _ in paths], ids.shape[1])
+        t = time.perf_counter()
+        for b, (row, d, (path, nxt)) in enumerate(zip(live, drafts, paths, strict=True)):
+            n = len(path)
+            if path != list(range(n)):  # a tree branch: its entries move next to the committed ones
+                cache.move(b, [1 + i for i in path], list(range(1, n + 1)))
+            cache.advance(b, n + 1)  # the pending token and n accepted drafts now stand in the cache
+            accepted = [d.tokens[i] for i in path] + [nxt]
+            committed = _commit(row, accepted, self.target, self.stop, self.on_tokens)
+            for st in (stats, row.stats):
+                st.record(d.depth, n)
+                st.steps += 1
+                st.decode_tokens += committed
+                st.drafts += len(d) > 0
+                st.draft_tokens += len(d)
+            if row.drafter is not None and row.finish is None:
+                row_feats = out.features[b, [0] + [1 + i for i in path]] if out.features is not None else None
+                row.drafter.commit(accepted, row_feats)
+        stats.draft_s += time.perf_counter() - t
+        return self._drop_finished()
+
+    def remove(self, indices: set[int]) -> list[Row]:
+        """Drop the rows with these indices (cancelled requests); returns them."""
+        for row in self.rows:
+            if row.index in indices and row.finish is None:
+                row.finish = "cancelled"
+        return self._drop_finished()
+
+    def _drop_finished(self) -> list[Row]:
+        keep = [b for b, row in enumerate(self.rows) if row.finish is None]
+        if len(keep) == len(self.rows):
+            return []
+        done = [row for row in self.rows if row.finish is not None]
+        self.cache.keep_rows(keep)
+        self.rows = [self.rows[b] for b in keep]
+        return done
 
 
 @torch.inference_mode()
@@ -101,89 +254,19 @@ def generate(
     """Generate for a batch of prompts; one Result per prompt, in order. Stats are per batch."""
     sampling = sampling or SamplingParams()
     _check(target, prompts, k, max_new_tokens)
-    if drafter is not None and hasattr(drafter, "bind"):
-        drafter.bind(target, sampling)
-    feature_layers = tuple(drafter.needs_features) if drafter is not None else ()
-    stats = DecodeStats()
-    rows = [
-        _Row(
-            index=i,
-            drafter=drafter() if drafter is not None else None,
-            generator=None if sampling.greedy else make_generator(sampling.seed, i),
-            budget=max_new_tokens,
-        )
-        for i in range(len(prompts))
-    ]
-    # Tree drafters may verify more nodes than k per step; they say how many at most.
-    widest = max(k, getattr(drafter, "max_draft_tokens", 0))
-    capacity = max(len(p) for p in prompts) + max_new_tokens + widest + 2
-    cache = target.new_cache(len(prompts), capacity)
-
-    # ---- prefill ------------------------------------------------------------------------------
-    t0 = time.perf_counter()
-    logits, feats = _prefill(target, cache, prompts, feature_layers)
-    for r, row in enumerate(rows):
-        first = _pick(logits[r], sampling, row.generator)
-        row_feats = feats[r, : len(prompts[r])] if feats is not None else None
-        _commit(row, [first], target, stop, on_tokens)
-        if row.drafter is not None:
-            row.drafter.start(list(prompts[r]), row_feats)
-            # No token entered the cache with `first`: its features arrive with the next step.
-            row.drafter.commit([first], None if row_feats is None else row_feats[:0])
-    target.sync()
-    stats.prefill_s = time.perf_counter() - t0
-
-    # ---- decode -------------------------------------------------------------------------------
+    batch = Batch(target, drafter, k=k, sampling=sampling, stop=stop, on_tokens=on_tokens)
+    rows = batch.add([Seq(i, p, max_new_tokens, sampling) for i, p in enumerate(prompts)])
     t_decode = time.perf_counter()
-    live = [row for row in rows if row.finish is None]
-    while live:
-        t = time.perf_counter()
-        drafts = [_propose(row, k) for row in live]
-        stats.draft_s += time.perf_counter() - t
-
-        t = time.perf_counter()
-        q = 1 + max(len(d) for d in drafts)
-        ids = torch.zeros(len(live), q, dtype=torch.long)
-        for b, (row, d) in enumerate(zip(live, drafts, strict=True)):
-            ids[b, 0] = row.pending
-            ids[b, 1 : 1 + len(d)] = torch.tensor(d.tokens, dtype=torch.long)
-        tree = _tree_layout(drafts, q)
-        if tree is not None and cache.has_recurrent_state:
-            raise UserError("tree drafts are not supported on hybrid targets yet: use a chain drafter")
-        snap = cache.snapshot_state() if cache.has_recurrent_state else None
-        out = target.forward(cache, ids, feature_layers=feature_layers, tree=tree)
-        paths = _verify(out.logits, drafts, live, sampling)
-        target.sync()
-        stats.verify_s += time.perf_counter() - t
-
-        if snap is not None:
-            _replay(target, cache, snap, ids, [len(path) for path, _ in paths], q)
-        t = time.perf_counter()
-        for b, (row, d, (path, nxt)) in enumerate(zip(live, drafts, paths, strict=True)):
-            n = len(path)
-            if path != list(range(n)):  # a tree branch: its entries move next to the committed ones
-                cache.move(b, [1 + i for i in path], list(range(1, n + 1)))
-            cache.advance(b, n + 1)  # the pending token and n accepted drafts now stand in the cache
-            stats.record(d.depth, n)
-            accepted = [d.tokens[i] for i in path] + [nxt]
-            committed = _commit(row, accepted, target, stop, on_tokens)
-            stats.steps += 1
-            stats.decode_tokens += committed
-            if row.drafter is not None and row.finish is None:
-                row_feats = out.features[b, [0] + [1 + i for i in path]] if out.features is not None else None
-                row.drafter.commit(accepted, row_feats)
-        stats.draft_s += time.perf_counter() - t
-        keep = [b for b, row in enumerate(live) if row.finish is None]
-        if len(keep) < len(live):
-            cache.keep_rows(keep)
-            live = [live[b] for b in keep]
+    while batch.rows:
+        batch.step()
     target.sync()
-    stats.decode_s = time.perf_counter() - t_decode
-
+    batch.stats.decode_s = time.perf_counter() - t_decode
     if drafter is not None:
         for row in rows:
-            drafter.finish(list(prompts[row.index]), row.output)
-    return [Result(token_ids=row.output, finish_reason=row.finish or "length", stats=stats) for row in rows]
+            drafter.finish(row.prompt, row.output)
+    return [
+        Result(token_ids=row.output, finish_reason=row.finish or "length", stats=batch.stats) for row in rows
+    ]
 
 
 def _check(target: Target, prompts: list[list[int]], k: int, max_new_tokens: int) -> None:
@@ -203,8 +286,10 @@ def _check(target: Target, prompts: list[list[int]], k: int, max_new_tokens: int
         )
 
 
-def _prefill(target: Target, cache, prompts: list[list[int]], feature_layers: tuple[int, ...]):
-    """Run every prompt into the cache; return last-position logits [b, V] and features."""
+def _prefill(
+    target: Target, cache, slots: list[int], prompts: list[list[int]], feature_layers: tuple[int, ...]
+):
+    """Run prompts into empty cache rows `slots`; return last-position logits [n, V] and features."""
     lens = torch.tensor([len(p) for p in prompts])
     # A hybrid target's recurrent state would absorb right padding, so it prefills rows of equal
     # length together; attention-only targets take one padded batch.
@@ -219,19 +304,20 @@ def _prefill(target: Target, cache, prompts: list[list[int]], feature_layers: tu
         for b, i in enumerate(group):
             ids[b, : len(prompts[i])] = torch.tensor(prompts[i], dtype=torch.long)
         idx = torch.tensor(group)
-        rows = None if len(group) == len(prompts) else idx
+        # Only the group's own rows; None (all rows, in order) lets the cache write without gathers.
+        rows = None if len(group) == cache.batch else torch.tensor([slots[i] for i in group])
         out = target.forward(cache, ids, rows=rows, logit_index=lens[idx] - 1, feature_layers=feature_layers)
         logits[idx] = out.logits[:, 0]
         if out.features is not None:
             if feats is None:
                 feats = out.features.new_zeros(len(prompts), int(lens.max()), *out.features.shape[2:])
             feats[idx, :width] = out.features
-    for i, n in enumerate(lens.tolist()):
-        cache.advance(i, n)
+    for slot, n in zip(slots, lens.tolist(), strict=True):
+        cache.advance(slot, n)
     return logits, feats
 
 
-def _propose(row: _Row, k: int) -> Draft:
+def _propose(row: Row, k: int) -> Draft:
     # One slot of the budget is always the target's own token, so draft at most budget - 1.
     room = min(k, row.budget - len(row.output) - 1)
     if row.drafter is None or room <= 0:
@@ -248,6 +334,12 @@ def _propose(row: _Row, k: int) -> Draft:
     return d
 
 
+def _generator(s: Seq) -> torch.Generator | None:
+    if s.sampling.greedy:
+        return None
+    return s.generator if s.generator is not None else make_generator(s.sampling.seed, s.index)
+
+
 def _pick(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None) -> int:
     if sampling.greedy:
         return int(logits.argmax())
@@ -255,23 +347,34 @@ def _pick(logits: torch.Tensor, sampling: SamplingParams, generator: torch.Gener
     return int(torch.multinomial(p, 1, generator=generator))
 
 
-def _verify(logits: torch.Tensor, drafts: list[Draft], live: list[_Row], sampling: SamplingParams):
-    """logits [b, q, V] -> one (accepted node indices, next token) per row."""
+def _verify(logits: torch.Tensor, drafts: list[Draft], live: list[Row]):
+    """logits [b, q, V] -> one (accepted node indices, next token) per row, each with its own sampling."""
     out = []
-    argmax = logits.argmax(-1).tolist() if sampling.greedy else None
+    argmax = logits.argmax(-1).tolist() if any(row.sampling.greedy for row in live) else None
     for b, (d, row) in enumerate(zip(drafts, live, strict=True)):
+        greedy = row.sampling.greedy
         if d.parents is not None:
             rows = logits[b, : len(d) + 1]
-            target = rows if sampling.greedy else target_probs(rows, sampling)
+            target = rows if greedy else target_probs(rows, row.sampling)
             out.append(verify_tree(d.tokens, d.parents, target, row.generator))
             continue
-        if sampling.greedy:
+        if greedy:
             n, nxt = verify_greedy(d.tokens, argmax[b])
         else:
-            p = target_probs(logits[b, : len(d) + 1], sampling)
+            p = target_probs(logits[b, : len(d) + 1], row.sampling)
             n, nxt = verify_sampling(d.tokens, d.probs, p, row.generator)
         out.append((list(range(n)), nxt))
     return out
+
+
+def _layout(live: list[Row], drafts: list[Draft]) -> tuple[torch.Tensor, tuple | None]:
+    """Input ids [b, q] (each row's pending token, then its draft, right-padded) and the tree layout."""
+    q = 1 + max(len(d) for d in drafts)
+    ids = torch.zeros(len(live), q, dtype=torch.long)
+    for b, (row, d) in enumerate(zip(live, drafts, strict=True)):
+        ids[b, 0] = row.pending
+        ids[b, 1 : 1 + len(d)] = torch.tensor(d.tokens, dtype=torch.long)
+    return ids, _tree_layout(drafts, q)
 
 
 def _tree_layout(drafts: list[Draft], q: int) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -291,7 +394,7 @@ def _tree_layout(drafts: list[Draft], q: int) -> tuple[torch.Tensor, torch.Tenso
 
 
 def _commit(
-    row: _Row, tokens: list[int], target: Target, stop: StopFn | None, on_tokens: StreamFn | None
+    row: Row, tokens: list[int], target: Target, stop: StopFn | None, on_tokens: StreamFn | None
 ) -> int:
     """Append tokens to a row's output, cutting at EOS, a stop string or the budget. Returns the count."""
     taken = 0

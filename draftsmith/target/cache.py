@@ -6,6 +6,9 @@ q new tokens at `lengths[row] + 0..q-1`, and the engine then advances `lengths[r
 of them were accepted. Rolling back a rejected draft therefore copies nothing: the rejected positions
 are simply overwritten by the next forward, and the attention mask never lets a query see them.
 
+Rows join (`grow`, which also widens the buffers) and leave (`keep_rows`) between forwards, which is
+what continuous batching needs: each costs one copy of the buffers, never a recomputation.
+
 Hybrid targets (transformers `qwen3_5`: Gated DeltaNet layers) also carry a convolution window and a
 recurrent state per linear-attention layer. Those cannot be rolled back by moving a length, so the
 cache can snapshot and restore them; the engine replays the accepted tokens from the snapshot.
@@ -87,6 +90,36 @@ class RaggedCache(Cache):
                 s = torch.tensor([base + i for i in src], device=buf.device)
                 d = torch.tensor([base + i for i in dst], device=buf.device)
                 buf[row, :, d] = buf[row, :, s].clone()
+
+    def grow(self, rows: int, capacity: int) -> None:
+        """Append `rows` empty rows and make every row hold at least `capacity` positions.
+
+        Buffers are reallocated only when their shape changes, with one copy of what they hold:
+        a request joining a running batch costs about what a finished one leaving it costs
+        (`keep_rows`). Callers grow capacity geometrically so joins rarely widen the buffers."""
+        capacity = max(capacity, self.capacity)
+        if rows == 0 and capacity == self.capacity:
+            return
+        old_b, old_cap = self.batch, self.capacity
+
+        def widen(t: torch.Tensor, seq_dim: int | None) -> torch.Tensor:
+            shape = list(t.shape)
+            shape[0] += rows
+            if seq_dim is not None:
+                shape[seq_dim] = capacity
+            out = t.new_zeros(shape)
+            if seq_dim is None:
+                out[:old_b] = t
+            else:
+                out[:old_b, :, :old_cap] = t
+            return out
+
+        self.lengths = torch.cat([self.lengths, torch.zeros(rows, dtype=torch.long)])
+        self.keys = {i: widen(t, 2) for i, t in self.keys.items()}
+        self.values = {i: widen(t, 2) for i, t in self.values.items()}
+        self.conv = {i: widen(t, None) for i, t in self.conv.items()}
+        self.recurrent = {i: widen(t, None) for i, t in self.recurrent.items()}
+        self.capacity = capacity
 
     def keep_rows(self, rows: list[int]) -> None:
         """Drop finished rows for good (one copy), so later forwards index the buffers as views."""
