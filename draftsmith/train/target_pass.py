@@ -67,3 +67,28 @@ def _forward(target: Target, batch: Packed, feature_layers: list[int]) -> tuple[
     )
     feats = torch.stack([out.hidden_states[i + 1] for i in feature_layers], dim=2)
     return feats, out.logits
+
+
+def stored_pass(
+    target: Target, store, batch: Packed, example_ids: list[int], feature_layers: list[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """What `target_pass` returns, read from an offline feature store (`draftsmith data features`).
+
+    `example_ids[j]` is the store index of the example that `batch.segments == j` marks. Logits come
+    from the stored final hidden state through the target's LM head (and soft-cap, if any), so they
+    equal the online ones up to the store's dtype.
+    """
+    b, T = batch.input_ids.shape
+    H = target.config.hidden_size
+    feats = torch.zeros(b, T, len(feature_layers), H, dtype=target.dtype)
+    final = torch.zeros(b, T, H, dtype=target.dtype)
+    for j, ex in enumerate(example_ids):
+        rows, cols = (batch.segments.cpu() == j).nonzero(as_tuple=True)
+        f, h = store.get(ex, feature_layers)
+        feats[rows, cols] = f.to(target.dtype)
+        final[rows, cols] = h.to(target.dtype)
+    with torch.inference_mode():
+        logits = target.head(final.to(target.device))
+        if target.softcap:
+            logits = torch.tanh(logits / target.softcap) * target.softcap
+    return feats.to(target.device), logits
