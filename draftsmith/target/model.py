@@ -18,6 +18,10 @@ from draftsmith.errors import UserError
 from draftsmith.target import attention
 from draftsmith.target.cache import RaggedCache
 
+# Feature id of the final-normed hidden state, the tensor the LM head reads (what MTP heads consume).
+# Ids >= 0 are decoder-layer outputs.
+FINAL_HIDDEN = -1
+
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32}
 
 
@@ -131,7 +135,7 @@ class Target:
                 attention_mask=mask,
                 cache=cache,
                 use_cache=True,
-                output_hidden_states=bool(feature_layers),
+                output_hidden_states=any(i != FINAL_HIDDEN for i in feature_layers),
             )
         finally:
             cache.end()
@@ -145,7 +149,13 @@ class Target:
         feats = None
         if feature_layers:
             # Layer id i is the output of decoder layer i, i.e. hidden_states[i + 1].
-            feats = torch.stack([out.hidden_states[i + 1] for i in feature_layers], dim=2)
+            feats = torch.stack(
+                [
+                    out.last_hidden_state if i == FINAL_HIDDEN else out.hidden_states[i + 1]
+                    for i in feature_layers
+                ],
+                dim=2,
+            )
         return ForwardOut(logits=logits, features=feats)
 
     def _tree_masks(self, slots: torch.Tensor, tree, kv_len: int):
