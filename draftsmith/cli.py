@@ -79,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     from draftsmith.train.eagle3_cli import add_train_eagle3_parser
 
     add_train_eagle3_parser(trsub)
+    from draftsmith.train.dflash_cli import add_train_dflash_parser
+
+    add_train_dflash_parser(trsub)
 
     e = sub.add_parser("export", help="write a trained speculator in the layout SGLang or vLLM loads")
     e.add_argument("--format", required=True, choices=["sglang", "vllm"])

@@ -1,6 +1,6 @@
 """Held-out tau of a draft being trained, measured by the real engine exactly as a user would get it:
-the draft is saved like a finished speculator, loaded through `eagle3:PATH`, and drafts for greedy
-decoding of the eval workload's prompts (the target's chat template applied).
+the draft is saved like a finished speculator, loaded through `eagle3:PATH` (or `dflash:PATH`), and
+drafts for greedy decoding of the eval workload's prompts (the target's chat template applied).
 
 Knows the engine, the registry and the workloads; knows nothing of the training loop.
 """
@@ -25,12 +25,20 @@ def eval_prompts(target: Target, workload: str, n: int, max_new_tokens: int, k: 
 
 
 def measure_tau(
-    target: Target, model: Eagle3Model, prompts: list[list[int]], k: int, max_new_tokens: int
+    target: Target,
+    model: Eagle3Model,
+    prompts: list[list[int]],
+    k: int,
+    max_new_tokens: int,
+    drafter: str = "eagle3",
 ) -> float:
-    """Mean tokens per verify step over the prompts (one batch), at temperature 0."""
+    """Mean tokens per verify step over the prompts (one batch), at temperature 0. `model` is any
+    draft model with `save(dir)`; `drafter` names the registry entry that loads it back."""
     if not prompts:
         return float("nan")
     with tempfile.TemporaryDirectory(prefix="draftsmith-eval-") as d:
         model.save(d)
-        results = generate(target, registry.build(f"eagle3:{d}"), prompts, k=k, max_new_tokens=max_new_tokens)
+        results = generate(
+            target, registry.build(f"{drafter}:{d}"), prompts, k=k, max_new_tokens=max_new_tokens
+        )
     return results[0].stats.tau  # stats are per batch, shared by every result

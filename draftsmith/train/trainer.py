@@ -1,10 +1,15 @@
-"""`draftsmith train eagle3`: one training loop, read top to bottom.
+"""`draftsmith train eagle3|dflash`: one training loop, read top to bottom, for both drafters.
 
-setup (data, target, draft vocabulary, draft model, optimizer, the plan of global batches)
--> resume (weights, optimizer, RNG, data position, metrics) -> per step: the frozen target's
-features and logits on this rank's shard, the TTT loss (`eagle3_objective`), gradients summed over
-ranks, clipping, AdamW at the scheduled learning rate -> metrics line, held-out tau every
-`eval_every` steps (the real engine), atomic checkpoint every `save_every` steps and at the end.
+setup (data, target, draft model, optimizer, the plan of global batches) -> resume (weights,
+optimizer, RNG, data position, metrics) -> per step: the frozen target's features on this rank's
+shard, the drafter's loss (`eagle3_objective`: TTT; `dflash_objective`: packed anchor blocks),
+gradients summed over ranks, clipping, AdamW at the scheduled learning rate -> metrics line,
+held-out tau every `eval_every` steps (the real engine), atomic checkpoint every `save_every` steps
+and at the end.
+
+What differs between drafters lives in one small class each (`_Eagle3`, `_DFlash`): how the model
+is built, one step's forward/backward, and how it is exported. Both report S per-position numbers
+(EAGLE-3: the TTT steps; DFlash: the B-1 block slots) in the same metrics layout.
 
 Choices worth knowing:
 - The learning-rate schedule (linear warmup, cosine to 0) spans all `epochs`; `max_steps` only
@@ -14,8 +19,8 @@ Choices worth knowing:
   optimizer and runs in inference mode.
 - Only rank 0 evaluates, writes metrics and checkpoints.
 
-This module knows the order of things; the math is in `eagle3_objective`, batching in `data`,
-the state on disk in `checkpoint`, collectives in `distributed`.
+This module knows the order of things; the math is in the objectives, batching in `data`, the
+state on disk in `checkpoint`, collectives in `distributed`.
 """
 
 from __future__ import annotations
@@ -31,19 +36,25 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from draftsmith.drafters import dflash
 from draftsmith.drafters.eagle3 import Eagle3Model, default_feature_layers, make_config
 from draftsmith.errors import UserError
 from draftsmith.target.model import load_target, parse_device, parse_dtype
 from draftsmith.train import checkpoint, distributed
 from draftsmith.train.data import draft_vocab, load_conversations, pack, plan_batches, shard, tokenize_dataset
+from draftsmith.train.dflash_objective import anchor_seed, dflash_loss, sample_blocks
 from draftsmith.train.eagle3_objective import TargetSignal, count_positions, ttt_loss
 from draftsmith.train.evaluate import eval_prompts, measure_tau
-from draftsmith.train.target_pass import can_pack, target_pass
+from draftsmith.train.target_pass import can_pack, packed_mask, target_pass
 
 # Settings that define a run: a checkpoint resumes only under the same ones.
 FINGERPRINT = (
     "target", "epochs", "lr", "batch_tokens", "max_len", "ttt_steps",
     "draft_vocab", "warmup_ratio", "grad_clip", "seed",
+)  # fmt: skip
+DFLASH_FINGERPRINT = (
+    "method", "target", "epochs", "lr", "batch_tokens", "max_len", "block_size", "layers",
+    "anchors", "gamma", "target_layers", "mask_token_id", "warmup_ratio", "grad_clip", "seed",
 )  # fmt: skip
 
 
@@ -74,6 +85,19 @@ class TrainConfig:
     progress: bool = True
     command: str = ""
     extra: dict = field(default_factory=dict)  # anything else to record in draftsmith.json
+    method: str = "eagle3"  # or "dflash"
+    # DFlash only
+    block_size: int = 16
+    layers: int = 5
+    anchors: int = 512
+    gamma: float = 7.0
+    target_layers: list[int] | None = None  # None: K=5 spread from 1 to L-3
+    mask_token_id: int | None = None  # None: `dflash.default_mask_token_id`
+
+    @property
+    def positions(self) -> int:
+        """Per-position metrics: TTT steps (EAGLE-3) or block slots B-1 (DFlash)."""
+        return self.block_size - 1 if self.method == "dflash" else self.ttt_steps
 
 
 def lr_at(step: int, total: int, warmup: int, base: float) -> float:
@@ -94,9 +118,21 @@ def feature_layers(num_layers: int) -> list[int]:
 
 def train_eagle3(cfg: TrainConfig) -> dict:
     """Train (or resume) an EAGLE-3 draft; returns a summary. User mistakes raise UserError."""
+    cfg.method = "eagle3"
+    return train(cfg)
+
+
+def train_dflash(cfg: TrainConfig) -> dict:
+    """Train (or resume) a DFlash draft; returns a summary. User mistakes raise UserError."""
+    cfg.method = "dflash"
+    return train(cfg)
+
+
+def train(cfg: TrainConfig) -> dict:
     _check_args(cfg)
     records = load_conversations(cfg.data)
-    fingerprint = {k: getattr(cfg, k) for k in FINGERPRINT} | {"data_sha256": _digest(cfg.data)}
+    keys = DFLASH_FINGERPRINT if cfg.method == "dflash" else FINGERPRINT
+    fingerprint = {k: getattr(cfg, k) for k in keys} | {"data_sha256": _digest(cfg.data)}
     _check_out(cfg, fingerprint)
     parse_dtype(cfg.dtype)
     world = distributed.init(parse_device(cfg.device))
@@ -111,16 +147,14 @@ def _train(cfg: TrainConfig, records: list[dict], fingerprint: dict, world: dist
     out = Path(cfg.out)
     warnings.filterwarnings("ignore", message="Mismatch dtype between input and weight")  # rms_norm, autocast
 
-    # ---- setup: target, examples, draft vocabulary, draft model, optimizer, batch plan ---------
+    # ---- setup: target, examples, draft model, optimizer, batch plan ---------------------------
     target = load_target(cfg.target, cfg.dtype, str(world.device.type))
     target.model.requires_grad_(False)
     examples = tokenize_dataset(target.tokenizer, records, cfg.max_len, progress=main and cfg.progress)
     lengths = [len(ex.input_ids) for ex in examples]
-    layers = feature_layers(target.num_layers)
     torch.manual_seed(cfg.seed)
-    config = make_config(target.model.config, cfg.draft_vocab, layers)
-    model = Eagle3Model(config, target.model.get_input_embeddings()).to(world.device, torch.float32)
-    model.set_vocab_map(draft_vocab(examples, config.draft_vocab_size, target.vocab_size).to(world.device))
+    method = (_DFlash if cfg.method == "dflash" else _Eagle3)(cfg, target, examples, world)
+    model = method.model
     params = list(model.parameters())  # the target's embedding is not among them: it is frozen
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     plan = plan_batches(lengths, cfg.batch_tokens, cfg.epochs, cfg.seed)
@@ -128,7 +162,7 @@ def _train(cfg: TrainConfig, records: list[dict], fingerprint: dict, world: dist
     warmup = max(1, math.ceil(cfg.warmup_ratio * total)) if cfg.warmup_ratio > 0 else 0
     stop = min(total, cfg.max_steps) if cfg.max_steps else total
     save_every = cfg.eval_every if cfg.save_every is None else cfg.save_every
-    k_eval = cfg.eval_k or cfg.ttt_steps
+    k_eval = cfg.eval_k or cfg.positions
     autocast = torch.autocast(world.device.type, dtype=torch.bfloat16, enabled=cfg.dtype == "bfloat16")
 
     # ---- resume: weights, optimizer, RNG, data position, metrics -------------------------------
@@ -160,7 +194,7 @@ def _train(cfg: TrainConfig, records: list[dict], fingerprint: dict, world: dist
     step, began = state["step"], time.perf_counter()
     wall_before = state["wall_time_s"]
     bar = tqdm(
-        total=stop, initial=step, unit="step", disable=not (main and cfg.progress), desc="train eagle3"
+        total=stop, initial=step, unit="step", disable=not (main and cfg.progress), desc=f"train {cfg.method}"
     )
     while step < stop:
         t0 = time.perf_counter()
@@ -169,8 +203,8 @@ def _train(cfg: TrainConfig, records: list[dict], fingerprint: dict, world: dist
         for group in optimizer.param_groups:
             group["lr"] = lr
 
-        mine = [examples[i] for i in shard(planned.examples, lengths, world.rank, world.size)]
-        local = _forward_backward(model, target, mine, layers, cfg, world, autocast)
+        ids = shard(planned.examples, lengths, world.rank, world.size)
+        local = method.forward_backward([examples[i] for i in ids], ids, step, autocast)
         distributed.sum_gradients(world, params)
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip))
         optimizer.step()
@@ -180,7 +214,7 @@ def _train(cfg: TrainConfig, records: list[dict], fingerprint: dict, world: dist
         dt = time.perf_counter() - t0
 
         # ---- metrics, held-out tau, checkpoint (rank 0) ----------------------------------------
-        S = cfg.ttt_steps
+        S = cfg.positions
         correct, counts, tokens = g[1 + S : 1 + 2 * S], g[1 + 2 * S : 1 + 3 * S], int(g[-1])
         state["tokens_seen"] += tokens
         state["wall_time_s"] = wall_before + time.perf_counter() - began
@@ -200,7 +234,9 @@ def _train(cfg: TrainConfig, records: list[dict], fingerprint: dict, world: dist
             "wall_time_s": round(state["wall_time_s"], 3),
         }
         if main and prompts and (step == stop or (cfg.eval_every and step % cfg.eval_every == 0)):
-            state["tau"] = rec["tau"] = measure_tau(target, model, prompts, k_eval, cfg.eval_max_new_tokens)
+            state["tau"] = rec["tau"] = measure_tau(
+                target, model, prompts, k_eval, cfg.eval_max_new_tokens, drafter=cfg.method
+            )
         metrics.append(rec)
         if main:
             with open(out / "metrics.jsonl", "a") as f:
@@ -213,7 +249,7 @@ def _train(cfg: TrainConfig, records: list[dict], fingerprint: dict, world: dist
                 tau=state["tau"],
             )
         if main and (step == stop or (save_every and step % save_every == 0)):
-            _save(out, model, optimizer, state, metrics, cfg, target.name, layers)
+            _save(out, method, optimizer, state, metrics, cfg, target.name)
     bar.close()
     return {k: state[k] for k in ("step", "tokens_seen", "wall_time_s", "tau")} | {
         "total_steps": total,
@@ -221,37 +257,135 @@ def _train(cfg: TrainConfig, records: list[dict], fingerprint: dict, world: dist
     }
 
 
-def _forward_backward(model, target, examples, layers, cfg: TrainConfig, world, autocast) -> torch.Tensor:
-    """Loss and gradients on this rank's shard. Returns [loss, step_loss, correct, counts, tokens]."""
-    S = cfg.ttt_steps
-    if not examples:  # a global batch smaller than the world: this rank only joins the collectives
-        distributed.all_sum(world, torch.zeros(S, dtype=torch.long))
-        return torch.zeros(2 + 3 * S, dtype=torch.float64)
-    batch = pack(examples, cfg.max_len, packing=can_pack(target)).to(world.device)
-    features, logits = target_pass(target, batch, layers)
-    signal = TargetSignal.from_logits(model, logits)  # [b, T, Vd] instead of [b, T, V] from here on
-    del logits
-    # Every rank normalises by the global counts, so summed gradients are the global batch's.
-    counts = distributed.all_sum(world, count_positions(model, batch.loss_mask, signal, S, batch.segments))
-    with autocast:
-        res = ttt_loss(
-            model, batch.input_ids, batch.loss_mask, features, signal,
-            ttt_steps=S, segments=batch.segments, positions=batch.positions, counts=counts,
-        )  # fmt: skip
-    res.loss.backward()
-    parts = [
-        res.loss.detach().reshape(1),
-        res.step_loss,
-        res.correct,
-        res.counts,
-        torch.tensor([batch.num_tokens]),
-    ]
+# ---------------------------------------------------------------- the two drafters
+
+
+def _parts(res, num_tokens: int) -> torch.Tensor:
+    """[loss, step_loss x S, correct x S, counts x S, tokens]: what ranks all-reduce per step."""
+    parts = [res.loss.detach().reshape(1), res.step_loss, res.correct, res.counts, torch.tensor([num_tokens])]
     return torch.cat([p.double().cpu() for p in parts])
 
 
-def _save(
-    out: Path, model: Eagle3Model, optimizer, state: dict, metrics: list[dict], cfg, target_name, layers
-) -> None:
+def _idle(world, S: int) -> torch.Tensor:
+    """A global batch smaller than the world: this rank only joins the collectives."""
+    distributed.all_sum(world, torch.zeros(S, dtype=torch.long))
+    return torch.zeros(2 + 3 * S, dtype=torch.float64)
+
+
+class _Eagle3:
+    def __init__(self, cfg: TrainConfig, target, examples, world) -> None:
+        self.cfg, self.target, self.world = cfg, target, world
+        self.layers = feature_layers(target.num_layers)
+        config = make_config(target.model.config, cfg.draft_vocab, self.layers)
+        self.model = Eagle3Model(config, target.model.get_input_embeddings()).to(world.device, torch.float32)
+        vocab = draft_vocab(examples, config.draft_vocab_size, target.vocab_size)
+        self.model.set_vocab_map(vocab.to(world.device))
+
+    def forward_backward(self, examples, ids: list[int], step: int, autocast) -> torch.Tensor:
+        """Loss and gradients on this rank's shard. Returns the all-reduced parts (`_parts`)."""
+        cfg, model, S = self.cfg, self.model, self.cfg.ttt_steps
+        if not examples:
+            return _idle(self.world, S)
+        batch = pack(examples, cfg.max_len, packing=can_pack(self.target)).to(self.world.device)
+        features, logits = target_pass(self.target, batch, self.layers)
+        signal = TargetSignal.from_logits(model, logits)  # [b, T, Vd] instead of [b, T, V] from here on
+        del logits
+        # Every rank normalises by the global counts, so summed gradients are the global batch's.
+        local = count_positions(model, batch.loss_mask, signal, S, batch.segments)
+        counts = distributed.all_sum(self.world, local)
+        with autocast:
+            res = ttt_loss(
+                model, batch.input_ids, batch.loss_mask, features, signal,
+                ttt_steps=S, segments=batch.segments, positions=batch.positions, counts=counts,
+            )  # fmt: skip
+        res.loss.backward()
+        return _parts(res, batch.num_tokens)
+
+    def export(self, dtype: torch.dtype) -> Eagle3Model:
+        out = Eagle3Model(self.model.config, self.model.embed_tokens)
+        out.load_state_dict(self.model.state_dict())
+        return out.to(dtype)
+
+    def info(self) -> dict:
+        return {"draft_vocab_size": self.model.config.draft_vocab_size}
+
+
+class _DFlash:
+    def __init__(self, cfg: TrainConfig, target, examples, world) -> None:
+        self.cfg, self.target, self.world = cfg, target, world
+        tc = target.config
+        self.layers = list(cfg.target_layers or dflash.default_target_layer_ids(target.num_layers))
+        if max(self.layers) >= target.num_layers or min(self.layers) < 0:
+            raise UserError(
+                f"--target-layers {self.layers}: the target has layers 0..{target.num_layers - 1}"
+            )
+        mask = cfg.mask_token_id
+        if mask is None:
+            mask = dflash.default_mask_token_id(target.tokenizer, target.vocab_size)
+        if not 0 <= mask < target.vocab_size:
+            raise UserError(
+                f"--mask-token-id {mask} is outside the target's vocabulary of {target.vocab_size}"
+            )
+        config = dflash.make_config(
+            tc, layers=cfg.layers, block_size=cfg.block_size, mask_token_id=mask, target_layer_ids=self.layers
+        )
+        embed, head = target.model.get_input_embeddings(), target.model.get_output_embeddings()
+        self.model = dflash.DFlashModel(config, embed, head).to(world.device, torch.float32)
+
+    def forward_backward(self, examples, ids: list[int], step: int, autocast) -> torch.Tensor:
+        cfg, model, S = self.cfg, self.model, self.cfg.block_size - 1
+        if not examples:
+            return _idle(self.world, S)
+        batch = pack(examples, cfg.max_len, packing=can_pack(self.target))
+        # Anchors are drawn per example from (seed, step, example id): packing and ranks do not matter.
+        seeds = {local: anchor_seed(cfg.seed, step, global_id) for local, global_id in enumerate(ids)}
+        blocks = sample_blocks(
+            batch.input_ids, batch.loss_mask, batch.segments,
+            block_size=cfg.block_size, n_anchors=cfg.anchors, seeds=seeds,
+        ).to(self.world.device)  # fmt: skip
+        batch = batch.to(self.world.device)
+        features = _features(self.target, batch, self.layers)
+        counts = distributed.all_sum(self.world, blocks.counts())
+        with autocast:
+            res = dflash_loss(
+                model, batch.input_ids, features, blocks,
+                segments=batch.segments, positions=batch.positions, gamma=cfg.gamma, counts=counts,
+            )  # fmt: skip
+        res.loss.backward()
+        return _parts(res, batch.num_tokens)
+
+    def export(self, dtype: torch.dtype) -> dflash.DFlashModel:
+        m = self.model
+        out = dflash.DFlashModel(m.config, m.embed_tokens, m.lm_head)
+        out.load_state_dict(m.state_dict())
+        return out.to(dtype)
+
+    def info(self) -> dict:
+        c = self.model.config.dflash_config
+        return {
+            "block_size": c["block_size"],
+            "mask_token_id": c["mask_token_id"],
+            "layers": self.model.config.num_hidden_layers,
+        }
+
+
+def _features(target, batch, layers: list[int]) -> torch.Tensor:
+    """[b, T, K, H] features of packed rows from the target's decoder alone (DFlash needs no target
+    logits, so the LM head over the whole vocabulary is skipped)."""
+    with torch.inference_mode():
+        out = target.base(
+            input_ids=batch.input_ids,
+            attention_mask=packed_mask(target, batch.segments),
+            position_ids=batch.positions,
+            output_hidden_states=True,
+            use_cache=False,
+        )
+        feats = torch.stack([out.hidden_states[i + 1] for i in layers], dim=2)
+    return feats.clone()  # out of inference mode: `fc` saves its input for backward
+
+
+def _save(out: Path, method, optimizer, state: dict, metrics: list[dict], cfg, target_name) -> None:
+    model = method.model
     checkpoint.save(
         out,
         checkpoint.Checkpoint(
@@ -262,10 +396,8 @@ def _save(
             metrics=metrics,
         ),
     )
-    # The speculator itself, in SGLang's layout and the training dtype, next to the checkpoint.
-    export = Eagle3Model(model.config, model.embed_tokens)
-    export.load_state_dict(model.state_dict())
-    export.to(parse_dtype(cfg.dtype)).save(
+    # The speculator itself, in the serving layout and the training dtype, next to the checkpoint.
+    method.export(parse_dtype(cfg.dtype)).save(
         out,
         extra={
             "target": target_name,
@@ -278,8 +410,8 @@ def _save(
             "wall_time_s": round(state["wall_time_s"], 1),
             "tau": state["tau"],
             "tau_workload": cfg.eval_workload,
-            "feature_layers": layers,
-            "draft_vocab_size": model.config.draft_vocab_size,
+            "feature_layers": method.layers,
+            **method.info(),
             "command": state["commands"][0],
             "commands": state["commands"],
             "train": {k: v for k, v in asdict(cfg).items() if k not in ("progress", "command", "extra")},
@@ -308,6 +440,12 @@ def _check_args(cfg: TrainConfig) -> None:
         raise UserError(f"--max-steps {cfg.max_steps} must be positive")
     if cfg.eval_k is not None and cfg.eval_k <= 0:
         raise UserError(f"--eval-k {cfg.eval_k} must be positive")
+    if cfg.method == "dflash":
+        if cfg.block_size < 2:
+            raise UserError(f"--block-size {cfg.block_size} must be at least 2 (one token to draft)")
+        for flag, v in {"--layers": cfg.layers, "--anchors": cfg.anchors, "--gamma": cfg.gamma}.items():
+            if not v > 0:
+                raise UserError(f"{flag} {v} must be positive")
 
 
 def _check_out(cfg: TrainConfig, fingerprint: dict) -> None:

@@ -1,0 +1,144 @@
+"""`dflash:PATH` in the engine: one draft forward per block, chain verification.
+
+The engine hands over the features of exactly the tokens that entered the target's cache (at
+start: the whole prompt; at each commit: the previously pending token and the accepted drafts), so
+after n such tokens the drafter's context holds positions 0..n-1 and the last committed token (the
+target's own, not yet in its cache) sits at position n. Each commit fuses the new features once and
+appends every layer's context keys/values at their absolute positions; nothing is ever recomputed.
+
+A proposal runs the block [last committed token, MASK x (B-1)] at positions n..n+B-1 through the
+layers, attending to the context cache and bidirectionally to itself. The block's own keys/values
+live only inside that forward, so they are dropped by construction. Slot j (1..B-1) predicts the
+token at n+j; a `k` below B-1 takes the first k of the same block (the model is always run at the
+block size it was trained with, as a shorter block would change what the slots see).
+
+Draft tokens are the argmax and the draft is deterministic (`probs=None`, a one-hot q): at
+temperature > 0 verification then accepts x with probability p(x) and resamples from p with x
+removed, which is exact (see `decoding/verify.py`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from draftsmith.drafters.base import Draft
+from draftsmith.drafters.dflash import DFlashModel, load_dflash
+from draftsmith.drafters.registry import register
+from draftsmith.errors import UserError
+
+
+class _ContextKV:
+    """Per-layer growable context keys/values [1, kv_heads, capacity, d], written at positions."""
+
+    def __init__(self, model: DFlashModel, device, dtype) -> None:
+        cfg = model.config
+        shape = (1, cfg.num_key_value_heads, 256, cfg.head_dim)
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in model.layers]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in model.layers]
+        self.length = 0
+
+    def append(self, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        n = kv[0][0].shape[2]
+        end = self.length + n
+        if end > self.k[0].shape[2]:
+            grow = max(end, 2 * self.k[0].shape[2])
+            self.k = [_grow(t, grow) for t in self.k]
+            self.v = [_grow(t, grow) for t in self.v]
+        for i, (k, v) in enumerate(kv):
+            self.k[i][:, :, self.length : end] = k
+            self.v[i][:, :, self.length : end] = v
+        self.length = end
+
+    def view(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [(k[:, :, : self.length], v[:, :, : self.length]) for k, v in zip(self.k, self.v, strict=True)]
+
+
+def _grow(t: torch.Tensor, size: int) -> torch.Tensor:
+    return torch.cat([t, t.new_zeros(*t.shape[:2], size - t.shape[2], t.shape[3])], dim=2)
+
+
+class DFlashDrafter:
+    def __init__(self, factory: DFlashFactory) -> None:
+        self.model = factory.model
+        self.needs_features = factory.needs_features
+        p = next(self.model.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        self.ctx = _ContextKV(self.model, self.device, self.dtype)
+        self.last: int | None = None  # the last committed token: the block's first slot
+
+    def start(self, prompt_ids: list[int], features: torch.Tensor | None) -> None:
+        self.last = prompt_ids[-1]
+        self._extend(features)
+
+    def commit(self, accepted_ids: list[int], features: torch.Tensor | None) -> None:
+        if accepted_ids:
+            self.last = accepted_ids[-1]
+        self._extend(features)
+
+    @torch.inference_mode()
+    def _extend(self, features: torch.Tensor | None) -> None:
+        """Append the context K/V of the tokens these features belong to ([n, K, H])."""
+        if features is None or features.shape[0] == 0:
+            return
+        n = features.shape[0]
+        c = self.model.fuse(features.to(self.device, self.dtype))[None]  # [1, n, H]
+        pos = torch.arange(self.ctx.length, self.ctx.length + n, device=self.device)[None]
+        self.ctx.append(self.model.context_kv(c, pos))
+
+    @torch.inference_mode()
+    def block_logits(self) -> torch.Tensor:
+        """[B-1, V] logits of the mask slots for the block at the current frontier."""
+        B = self.model.block_size
+        ids = torch.full((1, B), self.model.mask_token_id, dtype=torch.long, device=self.device)
+        ids[0, 0] = self.last
+        pos = torch.arange(self.ctx.length, self.ctx.length + B, device=self.device)[None]
+        hidden = self.model(ids, pos, self.ctx.view())  # [1, B, H]
+        return self.model.logits(hidden[0, 1:])
+
+    def propose(self, k: int) -> Draft:
+        if self.last is None or k <= 0 or self.ctx.length == 0:
+            return Draft(tokens=[])
+        logits = self.block_logits()[:k]
+        return Draft(tokens=logits.argmax(-1).tolist())
+
+
+class DFlashFactory:
+    """Loads the model once (bound to the target's embedding and LM head); one drafter per request."""
+
+    name = "dflash"
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.model: DFlashModel | None = None
+        self.needs_features: tuple[int, ...] = ()
+
+    @property
+    def block_size(self) -> int:
+        return self.model.block_size if self.model is not None else 0
+
+    def bind(self, target, sampling) -> None:
+        if self.model is not None:
+            return
+        embed, head = target.model.get_input_embeddings(), target.model.get_output_embeddings()
+        self.model = load_dflash(self.path, embed, head, dtype=target.dtype).to(target.device)
+        self.needs_features = tuple(self.model.target_layer_ids)
+        if max(self.needs_features) >= target.num_layers or min(self.needs_features) < 0:
+            raise UserError(
+                f"DFlash drafter at {self.path} reads target layers {list(self.needs_features)} but the target "
+                f"has {target.num_layers} layers: use a drafter trained for this target"
+            )
+
+    def __call__(self) -> DFlashDrafter:
+        if self.model is None:
+            raise RuntimeError("DFlashFactory.bind(target, sampling) must run before drafting")
+        return DFlashDrafter(self)
+
+    def finish(self, prompt_ids: list[int], output_ids: list[int]) -> None:
+        pass
+
+
+@register("dflash")
+def build(arg: str | None) -> DFlashFactory:
+    if not arg:
+        raise UserError("dflash needs a checkpoint: use dflash:PATH")
+    return DFlashFactory(arg)

@@ -1,0 +1,120 @@
+"""`draftsmith train dflash` on a tiny local checkpoint: an overfit run measured by the real engine,
+the speculator in the published layout, exact resume, and user errors. (Batching, packing,
+checkpoint atomicity and data parallelism are the shared trainer's, tested with EAGLE-3.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from test_eagle3_trainer import _args, _metrics, files, sharp_target  # noqa: F401 (fixtures)
+
+from draftsmith.drafters.dflash import load_dflash
+from draftsmith.train import checkpoint
+from draftsmith.train.dflash_cli import main
+
+SMALL = ["--block-size", 4, "--layers", 1, "--anchors", 8, "--target-layers", "0,1"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_overfit_loss_decreases_and_engine_tau(sharp_target, files, tmp_path):  # noqa: F811
+    out = tmp_path / "run"
+    args = _args(sharp_target, files, out, *SMALL, "--epochs", 30, "--batch-tokens", 400, "--lr", 3e-3)
+    assert main(args + ["--eval-every", "0"]) == 0
+    m = _metrics(out)
+    assert len(m) == 30 and len(m[0]["acc"]) == 3
+    first, last = m[0]["loss"], sum(r["loss"] for r in m[-3:]) / 3
+    assert last < 0.6 * first, (first, last)
+    assert m[-1]["acc"][0] > m[0]["acc"][0]
+    assert m[-1]["tau"] >= 1.0
+    info = json.loads((out / "draftsmith.json").read_text())
+    assert info["steps"] == 30 and info["tau"] == m[-1]["tau"] and info["block_size"] == 4
+    assert info["command"].startswith("draftsmith train dflash --target")
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["dflash_config"]["target_layer_ids"] == [0, 1]
+    assert cfg["dflash_config"]["block_size"] == cfg["block_size"] == 4
+    assert set(load_file(str(out / "model.safetensors"))) == {
+        "fc.weight", "hidden_norm.weight", "norm.weight",
+        *(f"layers.0.{n}.weight" for n in (
+            "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+            "self_attn.q_norm", "self_attn.k_norm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
+            "input_layernorm", "post_attention_layernorm",
+        )),
+    }  # fmt: skip
+    vocab = cfg["vocab_size"]
+    emb = torch.nn.Embedding(vocab, 64)
+    assert load_dflash(out, emb, torch.nn.Linear(64, vocab)).fc.weight.dtype == torch.float32
+
+
+def test_resume_continues_the_loss_curve_exactly(sharp_target, files, tmp_path):  # noqa: F811
+    common = [*SMALL, "--epochs", 4, "--batch-tokens", 120, "--lr", 2e-3, "--eval-prompts", 0]
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert main(_args(sharp_target, files, a, *common, "--max-steps", 7, "--save-every", 3)) == 0
+    assert main(_args(sharp_target, files, b, *common, "--max-steps", 4, "--save-every", 3)) == 0
+    assert checkpoint.read_state(b)["step"] == 4
+    assert main(_args(sharp_target, files, b, *common, "--max-steps", 7, "--resume")) == 0
+    ma, mb = _metrics(a), _metrics(b)
+    assert [r["step"] for r in mb] == list(range(1, 8))
+    for ra, rb in zip(ma, mb, strict=True):
+        assert abs(ra["loss"] - rb["loss"]) <= 1e-6 and ra["lr"] == rb["lr"], (ra, rb)
+    wa, wb = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
+    assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
+    assert len(json.loads((b / "draftsmith.json").read_text())["commands"]) == 2
+
+
+def test_user_errors(sharp_target, files, tmp_path, capsys):  # noqa: F811
+    def error(args) -> str:
+        assert main([str(a) for a in args]) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("draftsmith: error: "), lines
+        return lines[0]
+
+    out = tmp_path / "out"
+    assert "--block-size" in error(_args(sharp_target, files, out, "--block-size", 1))
+    assert "--anchors" in error(_args(sharp_target, files, out, "--anchors", 0))
+    assert "--target-layers" in error(_args(sharp_target, files, out, "--target-layers", "0,x"))
+    assert "--target-layers" in error(
+        _args(sharp_target, files, out, "--target-layers", "0,7", "--eval-prompts", 0)
+    )
+    common = [*SMALL, "--max-steps", 1, "--eval-prompts", 0, "--batch-tokens", 100]
+    assert main(_args(sharp_target, files, out, *common)) == 0
+    capsys.readouterr()
+    assert "pass --resume" in error(_args(sharp_target, files, out, *common))
+    assert "other settings" in error(_args(sharp_target, files, out, *common, "--resume", "--gamma", 3))
+    assert Path(out / "config.json").exists()
+
+
+def test_data_parallel_gloo_equals_single_process(sharp_target, files, tmp_path):  # noqa: F811
+    """Anchors are drawn per example, so two ranks see the same blocks as one process."""
+    import os
+    import subprocess
+    import sys
+
+    from test_eagle3_trainer import _free_port
+
+    common = [*SMALL, "--epochs", 2, "--batch-tokens", 200, "--lr", 2e-3, "--eval-prompts", 0]
+    single, ddp = tmp_path / "single", tmp_path / "ddp"
+    assert main(_args(sharp_target, files, single, *common)) == 0
+    torchrun = Path(sys.executable).with_name("torchrun")
+    cmd = [str(torchrun), "--nproc-per-node", "2", "--master-port", str(_free_port())]
+    cmd += ["-m", "draftsmith.train.dflash_cli", *_args(sharp_target, files, ddp, *common)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ms, md = _metrics(single), _metrics(ddp)
+    assert len(ms) == len(md) >= 4
+    for rs, rd in zip(ms, md, strict=True):
+        assert rs["tokens"] == rd["tokens"] and abs(rs["loss"] - rd["loss"]) < 1e-4
+    ws, wd = load_file(str(single / "model.safetensors")), load_file(str(ddp / "model.safetensors"))
+    for k in ws:
+        assert torch.allclose(ws[k], wd[k], atol=1e-4), k
