@@ -268,3 +268,22 @@ def test_head_for_another_target_is_refused(tmp_path):
     save_head(build_head(tiny_target("llama")), tmp_path / "h", tiny_target("llama").config)
     with pytest.raises(UserError, match="does not fit target"):
         load_head(tiny_target("qwen3"), tmp_path / "h")
+
+
+def test_cli_mtp_on_a_folder(capsys, tiny_checkpoint, tmp_path):
+    """Through `draftsmith generate`: a target folder without a head is one line and exit 2; a head
+    saved for it and passed as mtp:PATH gives the same tokens as plain decoding."""
+    from draftsmith.cli import main
+    from draftsmith.target.model import load_target
+
+    base = ["generate", "--target", tiny_checkpoint, "--dtype", "float32", "--json", "--max-new-tokens", "24"]
+    assert main([*base, "--drafter", "mtp", "abc"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "has no MTP head" in err and len(err.splitlines()) == 1
+    t = load_target(tiny_checkpoint, dtype="float32")
+    save_head(build_head(t, init="last_layer"), tmp_path / "h", t.config)
+    outs = {}
+    for drafter in ("ar", f"mtp:{tmp_path / 'h'}"):
+        assert main([*base, "--drafter", drafter, "--k", "3", "hello hello"]) == 0
+        outs[drafter] = json.loads(capsys.readouterr().out)["token_ids"]
+    assert len(set(map(tuple, outs.values()))) == 1
