@@ -95,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("dst")
     e.set_defaults(func=cmd_export)
     # Later subcommands live beside their code: each module's add_*_parser sets its own func.
+    from draftsmith.serve.cli import add_serve_parser
+
+    add_serve_parser(sub)
     from draftsmith.simulate.cli import add_calibrate_parser, add_simulate_parser
 
     add_simulate_parser(sub)
