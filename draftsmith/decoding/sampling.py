@@ -61,3 +61,14 @@ def make_generator(seed: int | None, row: int = 0) -> torch.Generator:
     g = torch.Generator()
     g.manual_seed((seed if seed is not None else torch.seed()) * 1_000_003 + row)
     return g
+
+
+def draft_generator(seed: int | None, index: int = 0) -> torch.Generator:
+    """A drafter's stream for its index-th request, independent of the engine's acceptance stream.
+
+    Exact speculative sampling needs the draft sample independent of the acceptance test, and the
+    engine verifies request `index` with make_generator(seed, index); an LCG step scrambles that
+    seed so the two streams never coincide (with seed 0 and index 0 they otherwise would).
+    """
+    base = (seed if seed is not None else torch.seed()) * 1_000_003 + index
+    return torch.Generator().manual_seed((base * 6364136223846793005 + 1442695040888963407) % 2**63)

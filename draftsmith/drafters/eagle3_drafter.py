@@ -16,8 +16,11 @@ verification at temperature > 0 uses min(1, p/q) and stays exact.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
+from draftsmith.decoding.sampling import draft_generator
 from draftsmith.drafters.base import Draft
 from draftsmith.drafters.eagle3 import Eagle3Model, load_eagle3
 from draftsmith.drafters.registry import parse_options, register
@@ -47,7 +50,7 @@ class _KV:
 
 
 class Eagle3Drafter:
-    def __init__(self, factory: Eagle3Factory) -> None:
+    def __init__(self, factory: Eagle3Factory, gen: torch.Generator) -> None:
         self.f = factory
         self.model = factory.model
         self.needs_features = factory.needs_features
@@ -58,7 +61,7 @@ class Eagle3Drafter:
         self.tokens: list[int] = []  # unpaired tokens x_{t+1}
         self.length = 0  # draft positions with real (paired) keys/values
         self.last: tuple[torch.Tensor, torch.Tensor] | None = None  # (logits [Vd], h [H]) at the frontier
-        self.gen = torch.Generator().manual_seed(factory.seed)
+        self.gen = gen
 
     def start(self, prompt_ids: list[int], features: torch.Tensor | None) -> None:
         self.tokens = list(prompt_ids[1:])
@@ -219,6 +222,7 @@ class Eagle3Factory:
         self.temperature = 1.0
         self.vocab_size = 0
         self.seed = 0
+        self._requests = itertools.count()
 
     def bind(self, target, sampling) -> None:
         """Attach to the target (its embedding, device, dtype) before the first request."""
@@ -239,12 +243,12 @@ class Eagle3Factory:
             self.vocab_size = target.vocab_size
         self.sampling = not sampling.greedy
         self.temperature = sampling.temperature or 1.0
-        self.seed = sampling.seed or 0
+        self.seed = sampling.seed if sampling.seed is not None else torch.seed()
 
     def __call__(self) -> Eagle3Drafter:
         if self.model is None:
             raise RuntimeError("Eagle3Factory.bind(target, sampling) must run before drafting")
-        return Eagle3Drafter(self)
+        return Eagle3Drafter(self, draft_generator(self.seed, next(self._requests)))
 
     def finish(self, prompt_ids: list[int], output_ids: list[int]) -> None:
         pass

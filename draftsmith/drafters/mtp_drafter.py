@@ -25,7 +25,7 @@ import itertools
 
 import torch
 
-from draftsmith.decoding.sampling import SamplingParams, target_probs
+from draftsmith.decoding.sampling import SamplingParams, draft_generator, target_probs
 from draftsmith.drafters.base import Draft
 from draftsmith.drafters.mtp import MTPCache, MTPHead, load_head
 from draftsmith.drafters.registry import register
@@ -33,7 +33,7 @@ from draftsmith.target.model import FINAL_HIDDEN
 
 
 class MTPDrafter:
-    def __init__(self, factory: MTPFactory, seed: int) -> None:
+    def __init__(self, factory: MTPFactory, gen: torch.Generator) -> None:
         self.f = factory
         self.head: MTPHead = factory.head
         self.needs_features = factory.needs_features
@@ -44,7 +44,7 @@ class MTPDrafter:
         self.tokens: list[int] = []  # unpaired tokens x_{t+1}
         self.length = 0  # positions with real (paired) keys/values
         self.last: tuple[torch.Tensor, torch.Tensor] | None = None  # (logits [V], h' [H]) at the frontier
-        self.gen = torch.Generator().manual_seed(seed)
+        self.gen = gen
 
     def start(self, prompt_ids: list[int], features: torch.Tensor | None) -> None:
         self.tokens = list(prompt_ids[1:])
@@ -136,11 +136,7 @@ class MTPFactory:
     def __call__(self) -> MTPDrafter:
         if self.head is None:
             raise RuntimeError("MTPFactory.bind(target, sampling) must run before drafting")
-        # Each request draws its drafts from its own stream, and that stream must not be the one
-        # the engine verifies the row with (seed * 1_000_003 + row): exactness needs the draft
-        # independent of the acceptance test. An LCG step scrambles the row's seed.
-        row_seed = self.seed * 1_000_003 + next(self._rows)
-        return MTPDrafter(self, seed=(row_seed * 6364136223846793005 + 1442695040888963407) % 2**63)
+        return MTPDrafter(self, draft_generator(self.seed, next(self._rows)))
 
     def finish(self, prompt_ids: list[int], output_ids: list[int]) -> None:
         pass
