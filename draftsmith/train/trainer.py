@@ -331,13 +331,6 @@ class _DFlash:
         )
         embed, head = target.model.get_input_embeddings(), target.model.get_output_embeddings()
         self.model = dflash.DFlashModel(config, embed, head).to(world.device, torch.float32)
-        # Start the final norm at the target's effective final-norm scale (its norm applied to ones,
-        # whatever its weight convention), so the shared LM head sees logits of the usual size.
-        final_norm = getattr(target.base, "norm", None)
-        if final_norm is not None:
-            with torch.no_grad():
-                ones = torch.ones(1, tc.hidden_size, device=world.device, dtype=target.dtype)
-                self.model.norm.weight.copy_(final_norm(ones)[0].float())
 
     def forward_backward(self, examples, ids: list[int], step: int, autocast) -> torch.Tensor:
         cfg, model, S = self.cfg, self.model, self.cfg.block_size - 1
