@@ -168,3 +168,16 @@ def test_sampling_output_distribution_equals_target(kind, drafter):
         draft_law = torch.zeros(SMALL_VOCAB)
         draft_law[greedy[1]] = 1.0
         assert 0.5 * float((draft_law - exact[1]).abs().sum()) > 3 * tol
+
+
+def test_prefill_groups_bound_padding():
+    from draftsmith.decoding.engine import prefill_groups
+
+    lens = [3000, 100, 120, 2900, 110, 2950]
+    groups = prefill_groups(lens, equal_only=False, budget=1000)
+    assert sorted(i for g in groups for i in g) == list(range(len(lens)))
+    for g in groups:  # every group pads to at most 25% over its real tokens (or the budget)
+        assert max(lens[i] for i in g) * len(g) <= max(1000, 1.25 * sum(lens[i] for i in g))
+    assert len(groups) == 2
+    assert prefill_groups(lens, equal_only=True) == [[1], [4], [2], [3], [5], [0]]
+    assert prefill_groups([7, 7, 7], equal_only=False) == [[0, 1, 2]]
