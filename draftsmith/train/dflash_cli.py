@@ -67,6 +67,9 @@ def add_train_dflash_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--max-steps", type=int, default=None, help="stop after step N (the schedule spans --epochs)"
     )
+    p.add_argument(
+        "--features", default=None, help="offline features from `draftsmith data features` (default: online)"
+    )
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=cmd_train_dflash)
     return p
@@ -118,6 +121,7 @@ def cmd_train_dflash(args: argparse.Namespace) -> int:
         device=args.device,
         max_steps=args.max_steps,
         progress=not args.no_progress,
+        features=args.features,
         command=getattr(args, "command_line", None) or shlex.join(["draftsmith", *sys.argv[1:]]),
     )
     summary = train_dflash(cfg)

@@ -70,8 +70,13 @@ def _forward(target: Target, batch: Packed, feature_layers: list[int]) -> tuple[
 
 
 def stored_pass(
-    target: Target, store, batch: Packed, example_ids: list[int], feature_layers: list[int]
-) -> tuple[torch.Tensor, torch.Tensor]:
+    target: Target,
+    store,
+    batch: Packed,
+    example_ids: list[int],
+    feature_layers: list[int],
+    logits: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """What `target_pass` returns, read from an offline feature store (`draftsmith data features`).
 
     `example_ids[j]` is the store index of the example that `batch.segments == j` marks. Logits come
@@ -87,8 +92,10 @@ def stored_pass(
         f, h = store.get(ex, feature_layers)
         feats[rows, cols] = f.to(target.dtype)
         final[rows, cols] = h.to(target.dtype)
+    if not logits:
+        return feats.to(target.device), None
     with torch.inference_mode():
-        logits = target.head(final.to(target.device))
+        out = target.head(final.to(target.device))
         if target.softcap:
-            logits = torch.tanh(logits / target.softcap) * target.softcap
-    return feats.to(target.device), logits
+            out = torch.tanh(out / target.softcap) * target.softcap
+    return feats.to(target.device), out

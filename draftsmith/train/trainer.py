@@ -45,7 +45,7 @@ from draftsmith.train.data import draft_vocab, load_conversations, pack, plan_ba
 from draftsmith.train.dflash_objective import anchor_seed, dflash_loss, sample_blocks
 from draftsmith.train.eagle3_objective import TargetSignal, count_positions, ttt_loss
 from draftsmith.train.evaluate import eval_prompts, measure_tau
-from draftsmith.train.target_pass import can_pack, packed_mask, target_pass
+from draftsmith.train.target_pass import can_pack, packed_mask, stored_pass, target_pass
 
 # Settings that define a run: a checkpoint resumes only under the same ones.
 FINGERPRINT = (
@@ -86,6 +86,7 @@ class TrainConfig:
     command: str = ""
     extra: dict = field(default_factory=dict)  # anything else to record in draftsmith.json
     method: str = "eagle3"  # or "dflash"
+    features: str | None = None  # an offline feature store (`draftsmith data features`); None = online
     # DFlash only
     block_size: int = 16
     layers: int = 5
@@ -280,6 +281,7 @@ class _Eagle3:
         self.model = Eagle3Model(config, target.model.get_input_embeddings()).to(world.device, torch.float32)
         vocab = draft_vocab(examples, config.draft_vocab_size, target.vocab_size)
         self.model.set_vocab_map(vocab.to(world.device))
+        self.store = _open_store(cfg, examples, self.layers)
 
     def forward_backward(self, examples, ids: list[int], step: int, autocast) -> torch.Tensor:
         """Loss and gradients on this rank's shard. Returns the all-reduced parts (`_parts`)."""
@@ -287,7 +289,10 @@ class _Eagle3:
         if not examples:
             return _idle(self.world, S)
         batch = pack(examples, cfg.max_len, packing=can_pack(self.target)).to(self.world.device)
-        features, logits = target_pass(self.target, batch, self.layers)
+        if self.store is None:
+            features, logits = target_pass(self.target, batch, self.layers)
+        else:
+            features, logits = stored_pass(self.target, self.store, batch, ids, self.layers)
         signal = TargetSignal.from_logits(model, logits)  # [b, T, Vd] instead of [b, T, V] from here on
         del logits
         # Every rank normalises by the global counts, so summed gradients are the global batch's.
@@ -331,6 +336,7 @@ class _DFlash:
         )
         embed, head = target.model.get_input_embeddings(), target.model.get_output_embeddings()
         self.model = dflash.DFlashModel(config, embed, head).to(world.device, torch.float32)
+        self.store = _open_store(cfg, examples, self.layers)
 
     def forward_backward(self, examples, ids: list[int], step: int, autocast) -> torch.Tensor:
         cfg, model, S = self.cfg, self.model, self.cfg.block_size - 1
@@ -344,7 +350,10 @@ class _DFlash:
             block_size=cfg.block_size, n_anchors=cfg.anchors, seeds=seeds,
         ).to(self.world.device)  # fmt: skip
         batch = batch.to(self.world.device)
-        features = _features(self.target, batch, self.layers)
+        if self.store is None:
+            features = _features(self.target, batch, self.layers)
+        else:
+            features = stored_pass(self.target, self.store, batch, ids, self.layers, logits=False)[0]
         counts = distributed.all_sum(self.world, blocks.counts())
         with autocast:
             res = dflash_loss(
@@ -367,6 +376,15 @@ class _DFlash:
             "mask_token_id": c["mask_token_id"],
             "layers": self.model.config.num_hidden_layers,
         }
+
+
+def _open_store(cfg: TrainConfig, examples, layers: list[int]):
+    """The offline feature store for these examples and layers, or None to compute them online."""
+    if cfg.features is None:
+        return None
+    from draftsmith.data.features import FeatureStore
+
+    return FeatureStore.open(cfg.features, examples, layers)
 
 
 def _features(target, batch, layers: list[int]) -> torch.Tensor:

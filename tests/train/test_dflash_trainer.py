@@ -72,6 +72,32 @@ def test_resume_continues_the_loss_curve_exactly(sharp_target, files, tmp_path):
     assert len(json.loads((b / "draftsmith.json").read_text())["commands"]) == 2
 
 
+def test_offline_features_train_like_online(sharp_target, files, tmp_path):  # noqa: F811
+    from draftsmith.cli import main as cli_main
+
+    common = [
+        *SMALL,
+        "--epochs",
+        2,
+        "--batch-tokens",
+        120,
+        "--lr",
+        2e-3,
+        "--eval-prompts",
+        0,
+        "--max-steps",
+        3,
+    ]
+    store = tmp_path / "feats"
+    rc = cli_main(["data", "features", "--target", sharp_target, "--data", files["data"], "--dtype", "float32",
+                   "--layers", "0,1", "--out", str(store), "--no-progress"])  # fmt: skip
+    assert rc == 0
+    assert main(_args(sharp_target, files, tmp_path / "a", *common)) == 0
+    assert main(_args(sharp_target, files, tmp_path / "b", *common, "--features", store)) == 0
+    for ra, rb in zip(_metrics(tmp_path / "a"), _metrics(tmp_path / "b"), strict=True):
+        assert abs(ra["loss"] - rb["loss"]) <= 1e-4 * max(1.0, ra["loss"]), (ra, rb)
+
+
 def test_user_errors(sharp_target, files, tmp_path, capsys):  # noqa: F811
     def error(args) -> str:
         assert main([str(a) for a in args]) == 2

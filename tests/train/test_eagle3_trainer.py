@@ -170,6 +170,24 @@ def test_resume_continues_the_loss_curve_exactly(sharp_target, files, tmp_path):
     assert len(json.loads((b / "draftsmith.json").read_text())["commands"]) == 2
 
 
+def test_offline_features_train_like_online(sharp_target, files, tmp_path):
+    from draftsmith.cli import main as cli_main
+
+    common = ["--epochs", 2, "--batch-tokens", 120, "--lr", 2e-3, "--ttt-steps", 3, "--eval-prompts", 0]
+    store = tmp_path / "feats"
+    rc = cli_main(["data", "features", "--target", sharp_target, "--data", files["data"], "--dtype", "float32",
+                   "--max-len", "2048", "--out", str(store), "--no-progress"])  # fmt: skip
+    assert rc == 0
+    assert main(_args(sharp_target, files, tmp_path / "a", *common, "--max-steps", 4)) == 0
+    assert (
+        main(_args(sharp_target, files, tmp_path / "b", *common, "--max-steps", 4, "--features", store)) == 0
+    )
+    ma, mb = _metrics(tmp_path / "a"), _metrics(tmp_path / "b")
+    assert len(ma) == len(mb) == 4
+    for ra, rb in zip(ma, mb, strict=True):
+        assert abs(ra["loss"] - rb["loss"]) <= 1e-4 * max(1.0, ra["loss"]), (ra, rb)
+
+
 def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
     def ckpt(step):
         return checkpoint.Checkpoint(
