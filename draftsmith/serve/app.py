@@ -160,14 +160,14 @@ def create_app(
             raise P.APIError(400, bad[1], param=bad[0])
         return req
 
-    def _budget(req: P._Common, n_prompt: int) -> int:
+    def _budget(req: P._Common, n_prompt: int, param: str) -> int:
         if n_prompt == 0:
-            raise P.APIError(400, "the prompt is empty: give at least one token of input", param="prompt")
+            raise P.APIError(400, "the prompt is empty: give at least one token of input", param=param)
         if n_prompt >= max_len:
             raise P.APIError(
                 400,
                 f"prompt of {n_prompt} tokens leaves no room in this model's context of {max_len} tokens",
-                param="messages",
+                param=param,
                 code="context_length_exceeded",
             )
         if req.max_tokens is None:
@@ -185,7 +185,7 @@ def create_app(
         return req.max_tokens
 
     async def _serve(request: Request, req: P._Common, ids: list[int], chat: bool):
-        budget = _budget(req, len(ids))
+        budget = _budget(req, len(ids), "messages" if chat else "prompt")
         temperature = 1.0 if req.temperature is None else req.temperature
         sampling = SamplingParams(
             # vLLM's rule: a temperature this close to 0 is greedy (dividing logits by it overflows).

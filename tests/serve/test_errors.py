@@ -54,7 +54,7 @@ COMPLETION = {"model": MODEL, "prompt": "hi", "max_tokens": 4}
         ("/completions", {**COMPLETION, "prompt": ""}, "prompt"),
         ("/completions", {**COMPLETION, "prompt": [10**9]}, "prompt"),
         ("/completions", {**COMPLETION, "prompt": ["a", "b"]}, "prompt"),
-        ("/completions", {**COMPLETION, "prompt": "x" * 600}, "messages"),
+        ("/completions", {**COMPLETION, "prompt": "x" * 600}, "prompt"),
         ("/completions", {**COMPLETION, "max_tokens": 511}, "max_tokens"),
         ("/completions", {**COMPLETION, "presence_penalty": 1.0}, "presence_penalty"),
         ("/completions", [COMPLETION], None),
