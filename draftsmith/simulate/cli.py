@@ -168,6 +168,8 @@ def simulate(args) -> dict:
     rows: list[dict] = []
     preds: list[Prediction] = []
     if d.kind == NONE:
+        if args.tau is not None or args.alpha is not None or args.acceptance:
+            raise UserError("--tau, --alpha and --acceptance describe a drafter: add --drafter NAME")
         out["acceptance"] = None
         for b in args.batch:
             p = predict(m, hw, d, None, batch=b, k=0, **common)

@@ -140,6 +140,7 @@ def test_acceptance_from_bench_json(tmp_path: Path, capsys) -> None:
         ),
         (["--model", "qwen3-8b", "--hardware", "h100", "--drafter", "eagle3", "--k", "zero"], "--k"),
         (["--model", "qwen3-8b", "--hardware", "l40s", "--gpus", "0"], "--gpus"),
+        (["--model", "qwen3-8b", "--hardware", "h100", "--tau", "3"], "--drafter"),
     ],
 )
 def test_user_errors_are_one_line_exit_2(argv: list[str], msg: str, capsys) -> None:
