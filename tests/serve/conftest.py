@@ -1,24 +1,16 @@
-"""A live `draftsmith serve` app on 127.0.0.1 (uvicorn in a thread, a free port) over a tiny float32
-target, for the real `openai` client to talk to."""
+"""Fixtures: a tiny float32 target with a chat template, and one shared live server over it, for the
+real `openai` client to talk to."""
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
-from contextlib import contextmanager
-
 import pytest
 import torch
-import uvicorn
 from tokenizers import decoders
 from transformers import AutoConfig, AutoTokenizer, LlamaForCausalLM
 
-from draftsmith.drafters import registry
-from draftsmith.serve.app import create_app
 from draftsmith.target.model import load_target
 
-MODEL = "tiny-serve"
+from .live import live, make_app
 
 
 @pytest.fixture(scope="session")
@@ -43,35 +35,6 @@ def serve_target_dir(tiny_checkpoint, tmp_path_factory):
 @pytest.fixture(scope="session")
 def serve_target(serve_target_dir):
     return load_target(serve_target_dir, "float32", "cpu")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextmanager
-def live(app):
-    """Run `app` under uvicorn on a free loopback port; yields the base URL (with /v1)."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-
-
-def make_app(target, drafter: str = "ngram", **kw):
-    return create_app(target, registry.build(drafter), model_name=MODEL, **kw)
 
 
 @pytest.fixture(scope="session")

@@ -11,9 +11,10 @@ from urllib.request import urlopen
 
 import openai
 import pytest
-from conftest import MODEL, live, make_app
 
 from draftsmith.target.model import load_target
+
+from .live import MODEL, live, make_app
 
 STEP_S = 0.02
 

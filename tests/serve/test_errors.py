@@ -8,9 +8,10 @@ import json
 from urllib.parse import urlparse
 
 import pytest
-from conftest import MODEL
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+
+from .live import MODEL
 
 
 def post(url: str, path: str, body, raw: bytes | None = None) -> tuple[int, dict | str]:

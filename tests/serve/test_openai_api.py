@@ -10,11 +10,12 @@ import random
 
 import openai
 import pytest
-from conftest import MODEL
 
 from draftsmith.cli import main
 from draftsmith.decoding.engine import generate
 from draftsmith.target.chat import encode_messages
+
+from .live import MODEL
 
 
 def solo(target, ids: list[int], max_tokens: int) -> tuple[str, str, list[int]]:
