@@ -28,7 +28,9 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
     p.add_argument(
         "--max-model-len", type=int, default=None, help="prompt + answer tokens (default: the target's)"
     )
-    p.add_argument("--max-queue", type=int, default=64, help="requests waiting for a row; more get 429")
+    p.add_argument(
+        "--max-queue", type=int, default=64, help="requests waiting for a busy batch; more get 429"
+    )
     p.add_argument(
         "--served-model-name", default=None, help="the model id clients send (default: the target's)"
     )

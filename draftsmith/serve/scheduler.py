@@ -107,7 +107,9 @@ class Scheduler:
 
     def submit(self, job: Job) -> None:
         with self.cond:
-            if len(self.waiting) >= self.max_queue:
+            # Free rows take requests at the next step; `max_queue` more may wait for a row.
+            free = max(0, self.max_batch - len(self.jobs))
+            if len(self.waiting) >= self.max_queue + free:
                 self.metrics.rejected()
                 raise QueueFull
             job.id = next(self.ids)

@@ -98,3 +98,19 @@ def test_disconnect_stops_generation(slow_target):
             wait_for(lambda: len(sched.jobs) == 1)
         wait_for(lambda: metric(url, "request_success_total", finished_reason="cancelled") == 2)
         assert not sched.jobs and metric(url, "generation_tokens_total") < 200
+
+
+def test_without_a_queue_only_free_rows_take_requests(slow_target):
+    app = make_app(slow_target, "ar", max_batch=2, max_queue=0)
+    with live(app) as url:
+        client = openai.OpenAI(base_url=url, api_key="EMPTY", max_retries=0, timeout=60)
+        kw = dict(model=MODEL, prompt="abc", max_tokens=300, temperature=0, stream=True)
+        streams = [client.completions.create(**kw) for _ in range(2)]
+        for s in streams:
+            next(iter(s))
+        with pytest.raises(openai.RateLimitError):
+            client.completions.create(model=MODEL, prompt="abc", max_tokens=4)
+        for s in streams:
+            s.close()
+        wait_for(lambda: not app.state.scheduler.jobs)
+        assert client.completions.create(model=MODEL, prompt="abc", max_tokens=2).usage.completion_tokens == 2
