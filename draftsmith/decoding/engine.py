@@ -64,6 +64,14 @@ class DecodeStats:
         for i in range(n_accepted):
             self.accepted[i] += 1
 
+    def count_step(self, draft: Draft, n_accepted: int, committed: int) -> None:
+        """One row's verify step: its draft, how much of it was accepted, how many tokens it committed."""
+        self.record(draft.depth, n_accepted)
+        self.steps += 1
+        self.decode_tokens += committed
+        self.drafts += len(draft) > 0
+        self.draft_tokens += len(draft)
+
     def merge(self, other: DecodeStats) -> None:
         names = ("steps", "decode_tokens", "drafts", "draft_tokens", "prefill_s", "draft_s", "verify_s")
         for name in (*names, "decode_s"):
@@ -211,11 +219,7 @@ class Batch:
             accepted = [d.tokens[i] for i in path] + [nxt]
             committed = _commit(row, accepted, self.target, self.stop, self.on_tokens)
             for st in (stats, row.stats):
-                st.record(d.depth, n)
-                st.steps += 1
-                st.decode_tokens += committed
-                st.drafts += len(d) > 0
-                st.draft_tokens += len(d)
+                st.count_step(d, n, committed)
             if row.drafter is not None and row.finish is None:
                 row_feats = out.features[b, [0] + [1 + i for i in path]] if out.features is not None else None
                 row.drafter.commit(accepted, row_feats)
