@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
     from draftsmith.train.dflash_cli import add_train_dflash_parser
 
     add_train_dflash_parser(trsub)
+    from draftsmith.train.mtp_cli import add_train_mtp_parser
+
+    add_train_mtp_parser(trsub)
 
     e = sub.add_parser("export", help="write a trained speculator in the layout SGLang or vLLM loads")
     e.add_argument("--format", required=True, choices=["sglang", "vllm"])

@@ -1,6 +1,7 @@
 """Held-out tau of a draft being trained, measured by the real engine exactly as a user would get it:
-the draft is saved like a finished speculator, loaded through `eagle3:PATH` (or `dflash:PATH`), and
-drafts for greedy decoding of the eval workload's prompts (the target's chat template applied).
+the draft is saved like a finished speculator, loaded through `eagle3:PATH` (or `dflash:PATH`,
+`mtp:PATH`), and drafts for greedy decoding of the eval workload's prompts (the target's chat
+template applied).
 
 Knows the engine, the registry and the workloads; knows nothing of the training loop.
 """
@@ -13,6 +14,7 @@ from draftsmith.bench.workloads import load_workload
 from draftsmith.decoding.engine import generate
 from draftsmith.drafters import registry
 from draftsmith.drafters.eagle3 import Eagle3Model
+from draftsmith.drafters.mtp import MTPHead, save_head
 from draftsmith.target.chat import encode_messages
 from draftsmith.target.model import Target
 
@@ -26,18 +28,22 @@ def eval_prompts(target: Target, workload: str, n: int, max_new_tokens: int, k: 
 
 def measure_tau(
     target: Target,
-    model: Eagle3Model,
+    model: Eagle3Model | MTPHead,
     prompts: list[list[int]],
     k: int,
     max_new_tokens: int,
     drafter: str = "eagle3",
 ) -> float:
     """Mean tokens per verify step over the prompts (one batch), at temperature 0. `model` is any
-    draft model with `save(dir)`; `drafter` names the registry entry that loads it back."""
+    draft model with `save(dir)`, or an MTP head; `drafter` names the registry entry that loads it
+    back."""
     if not prompts:
         return float("nan")
     with tempfile.TemporaryDirectory(prefix="draftsmith-eval-") as d:
-        model.save(d)
+        if isinstance(model, MTPHead):  # the head's files are Qwen's mtp.* layout, beside the config
+            save_head(model, d, target.config)
+        else:
+            model.save(d)
         results = generate(
             target, registry.build(f"{drafter}:{d}"), prompts, k=k, max_new_tokens=max_new_tokens
         )

@@ -6,8 +6,9 @@ takes a 4D boolean mask as-is (and a dict of them, per layer type, for models th
 sliding-window attention). Linear-attention layers get no mask: the data side never packs such
 targets (one example per row, right padding, which a recurrent state never reads back).
 
-This module knows the HF forward and the feature-layer convention (layer id i = hidden_states[i+1]).
-It does not know the drafter or the loss.
+This module knows the HF forward and the feature-layer convention (layer id i = hidden_states[i+1];
+`FINAL_HIDDEN` = the state after the final norm, which the LM head reads and MTP heads are fed). It
+does not know the drafter or the loss.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from draftsmith.errors import UserError
-from draftsmith.target.model import Target
+from draftsmith.target.model import FINAL_HIDDEN, Target
 from draftsmith.train.data import Packed
 
 
@@ -65,8 +66,14 @@ def _forward(target: Target, batch: Packed, feature_layers: list[int]) -> tuple[
         output_hidden_states=True,
         use_cache=False,
     )
-    feats = torch.stack([out.hidden_states[i + 1] for i in feature_layers], dim=2)
+    feats = torch.stack([_hidden(out.hidden_states, i) for i in feature_layers], dim=2)
     return feats, out.logits
+
+
+def _hidden(hidden_states: tuple[torch.Tensor, ...], layer: int) -> torch.Tensor:
+    """Layer id -> hidden state. transformers' last entry is the final-normed state; without the
+    special case `FINAL_HIDDEN + 1 == 0` would silently pick the embeddings."""
+    return hidden_states[-1] if layer == FINAL_HIDDEN else hidden_states[layer + 1]
 
 
 def stored_pass(
@@ -85,13 +92,18 @@ def stored_pass(
     """
     b, T = batch.input_ids.shape
     H = target.config.hidden_size
-    feats = torch.zeros(b, T, len(feature_layers), H, dtype=target.dtype)
+    stored = [i for i in feature_layers if i != FINAL_HIDDEN]  # the store keeps the final state apart
+    feats = torch.zeros(b, T, len(stored), H, dtype=target.dtype)
     final = torch.zeros(b, T, H, dtype=target.dtype)
     for j, ex in enumerate(example_ids):
         rows, cols = (batch.segments.cpu() == j).nonzero(as_tuple=True)
-        f, h = store.get(ex, feature_layers)
+        f, h = store.get(ex, stored)
         feats[rows, cols] = f.to(target.dtype)
         final[rows, cols] = h.to(target.dtype)
+    if len(stored) < len(feature_layers):
+        feats = torch.stack(
+            [final if i == FINAL_HIDDEN else feats[:, :, stored.index(i)] for i in feature_layers], dim=2
+        )
     if not logits:
         return feats.to(target.device), None
     with torch.inference_mode():

@@ -1,15 +1,16 @@
-"""`draftsmith train eagle3|dflash`: one training loop, read top to bottom, for both drafters.
+"""`draftsmith train eagle3|dflash|mtp`: one training loop, read top to bottom, for every drafter.
 
 setup (data, target, draft model, optimizer, the plan of global batches) -> resume (weights,
 optimizer, RNG, data position, metrics) -> per step: the frozen target's features on this rank's
-shard, the drafter's loss (`eagle3_objective`: TTT; `dflash_objective`: packed anchor blocks),
+shard, the drafter's loss (`eagle3_objective`: TTT; `dflash_objective`: packed anchor blocks;
+`mtp_objective`: the MTP head unrolled on its own outputs),
 gradients summed over ranks, clipping, AdamW at the scheduled learning rate -> metrics line,
 held-out tau every `eval_every` steps (the real engine), atomic checkpoint every `save_every` steps
 and at the end.
 
-What differs between drafters lives in one small class each (`_Eagle3`, `_DFlash`): how the model
-is built, one step's forward/backward, and how it is exported. Both report S per-position numbers
-(EAGLE-3: the TTT steps; DFlash: the B-1 block slots) in the same metrics layout.
+What differs between drafters lives in one small class each (`_Eagle3`, `_DFlash`, `_MTP`): how the
+model is built, one step's forward/backward, and how it is exported. All report S per-position
+numbers (EAGLE-3 and MTP: the unrolled steps; DFlash: the B-1 block slots) in the same metrics layout.
 
 Choices worth knowing:
 - The learning-rate schedule (linear warmup, cosine to 0) spans all `epochs`; `max_steps` only
@@ -38,13 +39,16 @@ from tqdm import tqdm
 
 from draftsmith.drafters import dflash
 from draftsmith.drafters.eagle3 import Eagle3Model, default_feature_layers, make_config
+from draftsmith.drafters.mtp import build_head, load_head, save_head
 from draftsmith.errors import UserError
-from draftsmith.target.model import load_target, parse_device, parse_dtype
+from draftsmith.target.model import FINAL_HIDDEN, load_target, parse_device, parse_dtype
 from draftsmith.train import checkpoint, distributed
 from draftsmith.train.data import draft_vocab, load_conversations, pack, plan_batches, shard, tokenize_dataset
 from draftsmith.train.dflash_objective import anchor_seed, dflash_loss, sample_blocks
 from draftsmith.train.eagle3_objective import TargetSignal, count_positions, ttt_loss
 from draftsmith.train.evaluate import eval_prompts, measure_tau
+from draftsmith.train.mtp_objective import count_positions as mtp_count_positions
+from draftsmith.train.mtp_objective import mtp_loss
 from draftsmith.train.target_pass import can_pack, packed_mask, stored_pass, target_pass
 
 # Settings that define a run: a checkpoint resumes only under the same ones.
@@ -56,6 +60,11 @@ DFLASH_FINGERPRINT = (
     "method", "target", "epochs", "lr", "batch_tokens", "max_len", "block_size", "layers",
     "anchors", "gamma", "target_layers", "mask_token_id", "warmup_ratio", "grad_clip", "seed",
 )  # fmt: skip
+MTP_FINGERPRINT = (
+    "method", "target", "epochs", "lr", "batch_tokens", "max_len", "ttt_steps", "init",
+    "warmup_ratio", "grad_clip", "seed",
+)  # fmt: skip
+MTP_INITS = ("random", "last_layer", "native")  # or a folder holding a head (`mtp.*` tensors)
 
 
 @dataclass
@@ -85,7 +94,7 @@ class TrainConfig:
     progress: bool = True
     command: str = ""
     extra: dict = field(default_factory=dict)  # anything else to record in draftsmith.json
-    method: str = "eagle3"  # or "dflash"
+    method: str = "eagle3"  # or "dflash", "mtp"
     features: str | None = None  # an offline feature store (`draftsmith data features`); None = online
     # DFlash only
     block_size: int = 16
@@ -94,10 +103,12 @@ class TrainConfig:
     gamma: float = 7.0
     target_layers: list[int] | None = None  # None: K=5 spread from 1 to L-3
     mask_token_id: int | None = None  # None: `dflash.default_mask_token_id`
+    # MTP only
+    init: str = "random"  # random, last_layer, native (the target's own head) or a head's folder
 
     @property
     def positions(self) -> int:
-        """Per-position metrics: TTT steps (EAGLE-3) or block slots B-1 (DFlash)."""
+        """Per-position metrics: unrolled steps (EAGLE-3, MTP) or block slots B-1 (DFlash)."""
         return self.block_size - 1 if self.method == "dflash" else self.ttt_steps
 
 
@@ -129,10 +140,17 @@ def train_dflash(cfg: TrainConfig) -> dict:
     return train(cfg)
 
 
+def train_mtp(cfg: TrainConfig) -> dict:
+    """Train, or fine-tune (`init` = a folder), an MTP head; returns a summary. User mistakes raise
+    UserError."""
+    cfg.method = "mtp"
+    return train(cfg)
+
+
 def train(cfg: TrainConfig) -> dict:
     _check_args(cfg)
     records = load_conversations(cfg.data)
-    keys = DFLASH_FINGERPRINT if cfg.method == "dflash" else FINGERPRINT
+    keys = {"dflash": DFLASH_FINGERPRINT, "mtp": MTP_FINGERPRINT}.get(cfg.method, FINGERPRINT)
     fingerprint = {k: getattr(cfg, k) for k in keys} | {"data_sha256": _digest(cfg.data)}
     _check_out(cfg, fingerprint)
     parse_dtype(cfg.dtype)
@@ -154,7 +172,7 @@ def _train(cfg: TrainConfig, records: list[dict], fingerprint: dict, world: dist
     examples = tokenize_dataset(target.tokenizer, records, cfg.max_len, progress=main and cfg.progress)
     lengths = [len(ex.input_ids) for ex in examples]
     torch.manual_seed(cfg.seed)
-    method = (_DFlash if cfg.method == "dflash" else _Eagle3)(cfg, target, examples, world)
+    method = {"eagle3": _Eagle3, "dflash": _DFlash, "mtp": _MTP}[cfg.method](cfg, target, examples, world)
     model = method.model
     params = list(model.parameters())  # the target's embedding is not among them: it is frozen
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
@@ -258,7 +276,7 @@ def _train(cfg: TrainConfig, records: list[dict], fingerprint: dict, world: dist
     }
 
 
-# ---------------------------------------------------------------- the two drafters
+# ---------------------------------------------------------------- the drafters
 
 
 def _parts(res, num_tokens: int) -> torch.Tensor:
@@ -378,13 +396,68 @@ class _DFlash:
         }
 
 
+class _MTP:
+    """The head reads the target's final-normed hidden state and is scored against its logits; both
+    come from one target pass (or the feature store's `hidden`, through the LM head)."""
+
+    def __init__(self, cfg: TrainConfig, target, examples, world) -> None:
+        self.cfg, self.target, self.world = cfg, target, world
+        self.layers = [FINAL_HIDDEN]
+        if cfg.init in ("random", "last_layer"):
+            head = build_head(target, init=cfg.init, seed=cfg.seed)
+        else:  # fine-tuning: the target checkpoint's own head, another Qwen3.5 folder, a head saved here
+            head = load_head(target, None if cfg.init == "native" else cfg.init)
+        self.model = head.to(world.device, torch.float32).train()
+        self.store = _open_store(cfg, examples, self.layers)
+
+    def forward_backward(self, examples, ids: list[int], step: int, autocast) -> torch.Tensor:
+        cfg, S = self.cfg, self.cfg.ttt_steps
+        if not examples:
+            return _idle(self.world, S)
+        batch = pack(examples, cfg.max_len, packing=can_pack(self.target)).to(self.world.device)
+        if self.store is None:
+            features, logits = target_pass(self.target, batch, self.layers)
+        else:
+            features, logits = stored_pass(self.target, self.store, batch, ids, self.layers)
+        local = mtp_count_positions(batch.loss_mask, batch.segments, S)
+        counts = distributed.all_sum(self.world, local)
+        with autocast:
+            res = mtp_loss(
+                self.model, batch.input_ids, batch.loss_mask, features[:, :, 0], logits,
+                steps=S, segments=batch.segments, positions=batch.positions, counts=counts,
+            )  # fmt: skip
+        res.loss.backward()
+        return _parts(res, batch.num_tokens)
+
+    def export(self, dtype: torch.dtype) -> _SavedHead:
+        return _SavedHead(self.model, self.target.config, dtype)
+
+    def info(self) -> dict:
+        return {"init": self.cfg.init, "ttt_steps": self.cfg.ttt_steps}
+
+
+class _SavedHead:
+    """An MTP head as `_save` writes it: `save(dir, extra)` puts its tensors in dtype, in Qwen's
+    `mtp.*` layout, beside the target's config (`drafters.mtp.save_head`)."""
+
+    def __init__(self, head, target_config, dtype: torch.dtype) -> None:
+        self.head, self.target_config, self.dtype = head, target_config, dtype
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().to(self.dtype) for k, v in self.head.state_dict().items()}
+
+    def save(self, path, extra: dict | None = None) -> None:
+        save_head(self, path, self.target_config, extra)
+
+
 def _open_store(cfg: TrainConfig, examples, layers: list[int]):
     """The offline feature store for these examples and layers, or None to compute them online."""
     if cfg.features is None:
         return None
     from draftsmith.data.features import FeatureStore
 
-    return FeatureStore.open(cfg.features, examples, layers)
+    # Every store holds the final hidden state; only real layer ids must be among its layers.
+    return FeatureStore.open(cfg.features, examples, [i for i in layers if i != FINAL_HIDDEN])
 
 
 def _features(target, batch, layers: list[int]) -> torch.Tensor:
@@ -398,7 +471,9 @@ def _features(target, batch, layers: list[int]) -> torch.Tensor:
             output_hidden_states=True,
             use_cache=False,
         )
-        feats = torch.stack([out.hidden_states[i + 1] for i in layers], dim=2)
+        feats = torch.stack(
+            [out.last_hidden_state if i == FINAL_HIDDEN else out.hidden_states[i + 1] for i in layers], dim=2
+        )
     return feats.clone()  # out of inference mode: `fc` saves its input for backward
 
 
@@ -458,6 +533,11 @@ def _check_args(cfg: TrainConfig) -> None:
         raise UserError(f"--max-steps {cfg.max_steps} must be positive")
     if cfg.eval_k is not None and cfg.eval_k <= 0:
         raise UserError(f"--eval-k {cfg.eval_k} must be positive")
+    if cfg.method == "mtp" and cfg.init not in MTP_INITS and not Path(cfg.init).is_dir():
+        raise UserError(
+            f"--init {cfg.init}: give random, last_layer, native, or a folder holding an MTP head "
+            "(mtp.* tensors)"
+        )
     if cfg.method == "dflash":
         if cfg.block_size < 2:
             raise UserError(f"--block-size {cfg.block_size} must be at least 2 (one token to draft)")
