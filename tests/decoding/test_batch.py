@@ -89,3 +89,14 @@ def test_first_token_finish_leaves_at_once():
     while batch.rows:
         batch.step()
     assert rows[1].output == _solo(t, prompts[1:], 6)[0]
+
+
+def test_generate_with_a_row_ending_on_its_first_token():
+    # Before the Batch API, such a row stayed in the cache while leaving the live rows: a shape error.
+    t = tiny_target("llama")
+    prompts = random_prompts(2, seed=5)
+    solo = _solo(t, prompts, 6)
+    t.eos_ids = {solo[0][0]}
+    out = generate(t, None, prompts, max_new_tokens=6)
+    assert (out[0].token_ids, out[0].finish_reason) == (solo[0][:1], "stop")
+    assert out[1].token_ids == _solo(t, prompts[1:], 6)[0]
