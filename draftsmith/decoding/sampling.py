@@ -12,6 +12,8 @@ import torch
 
 from draftsmith.errors import UserError
 
+GREEDY_BELOW = 1e-5
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -32,7 +34,9 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        # Below this, 1/temperature overflows the logits to inf (NaN probabilities); such a
+        # temperature is greedy in all but name (vLLM draws the same line).
+        return self.temperature < GREEDY_BELOW
 
 
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -51,6 +55,7 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         sorted_p, order = torch.sort(probs, dim=-1, descending=True)
         # Keep the smallest prefix whose mass reaches top_p (the token that crosses it stays in).
         drop = (sorted_p.cumsum(-1) - sorted_p) >= params.top_p
+        drop[..., 0] = False  # the most likely token always stays (a top_p below float32's range)
         sorted_p = sorted_p.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
         probs = probs / probs.sum(-1, keepdim=True)
@@ -59,7 +64,7 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 def make_generator(seed: int | None, row: int = 0) -> torch.Generator:
     g = torch.Generator()
-    g.manual_seed((seed if seed is not None else torch.seed()) * 1_000_003 + row)
+    g.manual_seed(((seed if seed is not None else torch.seed()) * 1_000_003 + row) % 2**63)
     return g
 
 
