@@ -38,6 +38,7 @@ from torch import nn
 from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding, rotate_half
 
+from draftsmith.drafters.layers import RMSNorm, SwiGLU
 from draftsmith.errors import UserError
 
 ARCHITECTURE = "DFlashDraftModel"
@@ -132,16 +133,6 @@ def make_config(
     return cfg
 
 
-class _RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-
-
 class _Attention(nn.Module):
     def __init__(self, cfg: Qwen3Config) -> None:
         super().__init__()
@@ -151,8 +142,8 @@ class _Attention(nn.Module):
         self.k_proj = nn.Linear(h, self.kv_heads * d, bias=False)
         self.v_proj = nn.Linear(h, self.kv_heads * d, bias=False)
         self.o_proj = nn.Linear(self.heads * d, h, bias=False)
-        self.q_norm = _RMSNorm(d, cfg.rms_norm_eps)
-        self.k_norm = _RMSNorm(d, cfg.rms_norm_eps)
+        self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
 
     def kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """[b, n, H] -> keys and values [b, kv_heads, n, d], keys normed and rotated."""
@@ -162,26 +153,15 @@ class _Attention(nn.Module):
         return _rope(k, cos, sin), v
 
 
-class _MLP(nn.Module):
-    def __init__(self, cfg: Qwen3Config) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class DFlashLayer(nn.Module):
     """One draft layer, split where training and drafting differ: how attention is assembled."""
 
     def __init__(self, cfg: Qwen3Config) -> None:
         super().__init__()
         self.self_attn = _Attention(cfg)
-        self.mlp = _MLP(cfg)
-        self.input_layernorm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.post_attention_layernorm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def context_kv(self, c: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
         """Fused target features [b, n, H] -> this layer's context keys/values [b, kv_heads, n, d]."""
@@ -215,9 +195,9 @@ class DFlashModel(nn.Module):
         h = config.hidden_size
         k = len(config.dflash_config["target_layer_ids"])
         self.fc = nn.Linear(k * h, h, bias=False)
-        self.hidden_norm = _RMSNorm(h, config.rms_norm_eps)
+        self.hidden_norm = RMSNorm(h, config.rms_norm_eps)
         self.layers = nn.ModuleList(DFlashLayer(config) for _ in range(config.num_hidden_layers))
-        self.norm = _RMSNorm(h, config.rms_norm_eps)
+        self.norm = RMSNorm(h, config.rms_norm_eps)
         self.rotary = Qwen3RotaryEmbedding(config)
         # The target's embedding and LM head: shared, frozen, kept out of state_dict().
         object.__setattr__(self, "embed_tokens", embed_tokens)

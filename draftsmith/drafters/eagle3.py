@@ -28,6 +28,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
+from draftsmith.drafters.layers import RMSNorm, SwiGLU
 from draftsmith.errors import UserError
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -68,16 +69,6 @@ def make_config(target_config, draft_vocab_size: int, feature_layers: list[int] 
     return cfg
 
 
-class _RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-
-
 class _Attention(nn.Module):
     def __init__(self, cfg: LlamaConfig) -> None:
         super().__init__()
@@ -89,25 +80,14 @@ class _Attention(nn.Module):
         self.o_proj = nn.Linear(self.heads * d, h, bias=False)
 
 
-class _MLP(nn.Module):
-    def __init__(self, cfg: LlamaConfig) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class _MidLayer(nn.Module):
     def __init__(self, cfg: LlamaConfig) -> None:
         super().__init__()
-        self.input_layernorm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.hidden_norm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = _Attention(cfg)
-        self.post_attention_layernorm = _RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = _MLP(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = SwiGLU(cfg.hidden_size, cfg.intermediate_size)
 
 
 class Eagle3Model(nn.Module):
@@ -117,7 +97,7 @@ class Eagle3Model(nn.Module):
         h = config.hidden_size
         self.fc = nn.Linear(3 * config.target_hidden_size, h, bias=False)
         self.midlayer = _MidLayer(config)
-        self.norm = _RMSNorm(h, config.rms_norm_eps)
+        self.norm = RMSNorm(h, config.rms_norm_eps)
         self.lm_head = nn.Linear(h, config.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
         # Until set_vocab_map is called, draft id i is target id i.
