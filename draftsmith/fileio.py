@@ -25,3 +25,23 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 
 def atomic_write_json(path: str | os.PathLike, obj) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2) + "\n")
+
+
+def save_checkpoint_dir(
+    path: str | os.PathLike, tensors: dict, config: dict, extra: dict | None = None
+) -> Path:
+    """A speculator folder: `model.safetensors`, `config.json` and, with `extra`, `draftsmith.json`.
+
+    Each file is written under a temporary name and renamed, so a reader never sees half of one.
+    """
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tmp = path / ".model.safetensors.tmp"
+    save_file({k: v.detach().contiguous() for k, v in tensors.items()}, str(tmp), metadata={"format": "pt"})
+    tmp.replace(path / "model.safetensors")
+    atomic_write_json(path / "config.json", config)
+    if extra is not None:
+        atomic_write_json(path / "draftsmith.json", extra)
+    return path

@@ -33,7 +33,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 from torch import nn
 from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding, rotate_half
@@ -260,20 +259,11 @@ class DFlashModel(nn.Module):
     # ---- checkpoints: the z-lab / SGLang / vLLM layout (no embedding, no LM head) ----------------
 
     def save(self, path: str | Path, extra: dict | None = None) -> None:
-        from draftsmith.fileio import atomic_write_json
+        from draftsmith.fileio import save_checkpoint_dir
         from draftsmith.formats.dflash_formats import config_dict
 
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        state = {
-            k: v.detach().contiguous() for k, v in self.state_dict().items() if not k.startswith("rotary.")
-        }
-        tmp = path / ".model.safetensors.tmp"
-        save_file(state, str(tmp), metadata={"format": "pt"})
-        tmp.replace(path / "model.safetensors")
-        atomic_write_json(path / "config.json", config_dict(self.config, self.fc.weight.dtype))
-        if extra is not None:
-            atomic_write_json(path / "draftsmith.json", extra)
+        state = {k: v for k, v in self.state_dict().items() if not k.startswith("rotary.")}
+        save_checkpoint_dir(path, state, config_dict(self.config, self.fc.weight.dtype), extra)
 
 
 def load_dflash(

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
@@ -158,19 +157,10 @@ class Eagle3Model(nn.Module):
     # ---- checkpoints: SGLang's layout (config.json + model.safetensors, no embed_tokens) ----------
 
     def save(self, path: str | Path, extra: dict | None = None) -> None:
-        from draftsmith.fileio import atomic_write_json
+        from draftsmith.fileio import save_checkpoint_dir
 
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        state = {
-            k: v.detach().contiguous() for k, v in self.state_dict().items() if not k.startswith("rotary.")
-        }
-        tmp = path / ".model.safetensors.tmp"
-        save_file(state, str(tmp), metadata={"format": "pt"})
-        tmp.replace(path / "model.safetensors")
-        atomic_write_json(path / "config.json", self.config.to_dict())
-        if extra is not None:
-            atomic_write_json(path / "draftsmith.json", extra)
+        state = {k: v for k, v in self.state_dict().items() if not k.startswith("rotary.")}
+        save_checkpoint_dir(path, state, self.config.to_dict(), extra)
 
 
 def load_eagle3(

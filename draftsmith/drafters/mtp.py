@@ -40,7 +40,6 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 from torch import nn
 
 from draftsmith.errors import UserError
@@ -261,15 +260,8 @@ def load_head(target, path: str | Path | None = None) -> MTPHead:
 def save_head(head: MTPHead, path: str | Path, target_config, extra: dict | None = None) -> None:
     """`model.safetensors` with the `mtp.*` tensors, the target's config (so engines that read native
     heads see `mtp_num_hidden_layers`), and `draftsmith.json` when `extra` is given."""
-    from draftsmith.fileio import atomic_write_json
+    from draftsmith.fileio import save_checkpoint_dir
 
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    tmp = path / ".model.safetensors.tmp"
-    save_file(to_checkpoint_layout(head.state_dict()), str(tmp), metadata={"format": "pt"})
-    tmp.replace(path / "model.safetensors")
     cfg = target_config.to_dict()
     cfg["mtp_num_hidden_layers"] = 1
-    atomic_write_json(path / "config.json", cfg)
-    if extra is not None:
-        atomic_write_json(path / "draftsmith.json", extra)
+    save_checkpoint_dir(path, to_checkpoint_layout(head.state_dict()), cfg, extra)
