@@ -18,6 +18,7 @@ know drafters or losses.
 from __future__ import annotations
 
 import argparse
+import bisect
 import hashlib
 import json
 import os
@@ -263,7 +264,7 @@ class FeatureStore:
 
     def get(self, i: int, layers: list[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(features [n, K', H] in the order of `layers`, final hidden [n, H]) of example i."""
-        s = max(j for j, a in enumerate(self._starts) if a <= i)
+        s = bisect.bisect_right(self._starts, i) - 1  # the shard whose first example is <= i
         f, offsets = self._shards[s]
         lo, hi = int(offsets[i - self._starts[s]]), int(offsets[i - self._starts[s] + 1])
         feats = f.get_slice("features")[lo:hi]
