@@ -10,7 +10,8 @@ not fit the target's context, or after `--max-turns` answers. Each answer record
 
 Sources: `sharegpt` (the train split only; the held-out split is the chat benchmark's), `humaneval`
 (one user turn per problem, the same request the `code` benchmark sends: note that this overlaps the
-`code` benchmark, so a speculator trained on it is measured on its training prompts), or a JSONL file
+`code` benchmark, so a speculator trained on it is measured on its training prompts), `humaneval-train`
+(the 124 problems after the first 40, which a `code` benchmark of up to 40 prompts never sends), or a JSONL file
 in the bench workload format (`messages` or `prompt`; its assistant turns are replaced). `--num N`
 takes the first N conversations of the source; `--shard i/n` keeps those whose index in that order
 is i mod n, so n processes (or machines) with `--shard 0/n` .. `--shard n-1/n` and distinct `--out`
@@ -47,7 +48,9 @@ from pathlib import Path
 from draftsmith.data.resumable import ResumableJsonl
 from draftsmith.errors import UserError
 
-SOURCES = ("sharegpt", "humaneval")
+SOURCES = ("sharegpt", "humaneval", "humaneval-train")
+# `humaneval-train` leaves out the first problems, which the `code` benchmark draws from.
+HUMANEVAL_HELD_OUT = 40
 
 
 # ---------------------------------------------------------------- conversations
@@ -119,9 +122,11 @@ def iter_source(source: str) -> Iterator[tuple[str, list[dict]]]:
             if record["id"] not in seen:
                 seen.add(record["id"])
                 yield record["id"], record["messages"]
-    elif source == "humaneval":
-        # Exactly the `code` benchmark's prompts (same CODE_REQUEST template), all 164.
-        for p in load_workload("code", 1_000_000):
+    elif source in ("humaneval", "humaneval-train"):
+        # Exactly the `code` benchmark's prompts (same CODE_REQUEST template): all 164, or the 124
+        # that a `code` benchmark of up to HUMANEVAL_HELD_OUT prompts never sends.
+        skip = HUMANEVAL_HELD_OUT if source == "humaneval-train" else 0
+        for p in load_workload("code", 1_000_000)[skip:]:
             yield p.id, p.messages
     else:
         for p in load_jsonl_prompts(source):
@@ -285,7 +290,7 @@ def add_regenerate_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--target", default="smollm2-135m", help="smollm2-135m, HF folder, hub id or .gguf")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
-    p.add_argument("--source", required=True, help="sharegpt, humaneval or a FILE.jsonl")
+    p.add_argument("--source", required=True, help="sharegpt, humaneval, humaneval-train or a FILE.jsonl")
     p.add_argument("--num", type=int, required=True, help="take the first N conversations of the source")
     p.add_argument("--max-new-tokens", type=int, default=512)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -424,7 +429,7 @@ def _source_name(source: str) -> str:
     path = Path(source).expanduser()
     if not path.is_file():
         raise UserError(
-            f"--source {source!r}: use sharegpt, humaneval or the path of an existing .jsonl file"
+            f"--source {source!r}: use sharegpt, humaneval, humaneval-train or the path of an existing .jsonl file"
         )
     # The file name, not the path as typed: `./p.jsonl` and `p.jsonl` must resume the same output.
     return os.path.basename(path)

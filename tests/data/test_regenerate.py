@@ -133,6 +133,15 @@ def test_sources_are_the_train_split_and_the_code_benchmark_prompts():
     assert first == (code.id, code.messages) and first[0] == "HumanEval/0"
 
 
+def test_humaneval_train_never_holds_a_code_benchmark_prompt():
+    from draftsmith.bench.workloads import load_workload
+    from draftsmith.data.regenerate import HUMANEVAL_HELD_OUT
+
+    train = [cid for cid, _ in iter_source("humaneval-train")]
+    bench = {p.id for p in load_workload("code", HUMANEVAL_HELD_OUT)}
+    assert len(train) == 164 - HUMANEVAL_HELD_OUT and not bench & set(train)
+
+
 # ---------------------------------------------------------------- local mode
 
 
