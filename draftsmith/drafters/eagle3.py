@@ -19,6 +19,7 @@ are proposed (`eagle3_drafter.py`) or trained (the trainer).
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import torch
@@ -119,6 +120,24 @@ class Eagle3Model(nn.Module):
 
     def draft_to_target(self) -> torch.Tensor:
         return self.d2t + torch.arange(self.d2t.shape[0], device=self.d2t.device)
+
+    @torch.no_grad()
+    def init_head_from_target(self, target_head: nn.Linear, target_norm: nn.Module | None) -> None:
+        """Start the LM head at the target's own rows for the draft vocabulary (and the final norm at
+        the target's, when it is a plain `w * x / rms(x)`): the draft then begins in the target's
+        output space instead of learning 8k-32k token directions from scratch, as EAGLE-1 did by
+        sharing the head. Call after `set_vocab_map`."""
+        self.lm_head.weight.copy_(target_head.weight[self.draft_to_target()].to(self.lm_head.weight))
+        w = getattr(target_norm, "weight", None)
+        if w is None or w.shape != self.norm.weight.shape:
+            return
+        probe = torch.randn(2, w.shape[0], dtype=torch.float32, device=w.device)
+        plain = (
+            probe * torch.rsqrt(probe.pow(2).mean(-1, keepdim=True) + self.config.rms_norm_eps) * w.float()
+        )
+        theirs = copy.deepcopy(target_norm).float()(probe)  # a copy: the target stays in its dtype
+        if torch.allclose(theirs, plain, atol=1e-4, rtol=1e-4):
+            self.norm.weight.copy_(w.to(self.norm.weight))
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
         """[..., 3, H_target] target features -> [..., H] fused feature g."""

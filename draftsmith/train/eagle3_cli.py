@@ -29,6 +29,13 @@ def add_train_eagle3_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--draft-vocab", type=int, default=32000, help="draft vocabulary size (capped at the target's)"
     )
+    p.add_argument(
+        "--head-init",
+        choices=("target", "random"),
+        default="random",
+        help="start the draft LM head at random (default) or at the target's rows for the draft vocab "
+        "(on SmolLM2 it began with larger losses and trailed random for the first 60k tokens)",
+    )
     p.set_defaults(func=cmd_train_eagle3)
     return p
 
@@ -36,7 +43,12 @@ def add_train_eagle3_parser(subparsers) -> argparse.ArgumentParser:
 def cmd_train_eagle3(args: argparse.Namespace) -> int:
     from draftsmith.train.trainer import TrainConfig, train_eagle3
 
-    cfg = TrainConfig(**common_config(args), ttt_steps=args.ttt_steps, draft_vocab=args.draft_vocab)
+    cfg = TrainConfig(
+        **common_config(args),
+        ttt_steps=args.ttt_steps,
+        draft_vocab=args.draft_vocab,
+        head_init=args.head_init,
+    )
     summary = train_eagle3(cfg)
     report(summary, f"speculator in {summary['out']}")
     return 0

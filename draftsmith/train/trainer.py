@@ -54,7 +54,7 @@ from draftsmith.train.target_pass import can_pack, packed_mask, stored_pass, tar
 # Settings that define a run: a checkpoint resumes only under the same ones.
 FINGERPRINT = (
     "target", "epochs", "lr", "batch_tokens", "max_len", "ttt_steps",
-    "draft_vocab", "warmup_ratio", "grad_clip", "seed",
+    "draft_vocab", "warmup_ratio", "grad_clip", "seed", "head_init",
 )  # fmt: skip
 DFLASH_FINGERPRINT = (
     "method", "target", "epochs", "lr", "batch_tokens", "max_len", "block_size", "layers",
@@ -78,6 +78,7 @@ class TrainConfig:
     max_len: int = 2048
     ttt_steps: int = 7
     draft_vocab: int = 32000
+    head_init: str = "random"  # EAGLE-3: "random" or "target" (the target's LM head rows)
     warmup_ratio: float = 0.04
     grad_clip: float = 0.5
     eval_every: int = 200  # 0: only at the end of a run
@@ -299,6 +300,8 @@ class _Eagle3:
         self.model = Eagle3Model(config, target.model.get_input_embeddings()).to(world.device, torch.float32)
         vocab = draft_vocab(examples, config.draft_vocab_size, target.vocab_size)
         self.model.set_vocab_map(vocab.to(world.device))
+        if cfg.head_init == "target":
+            self.model.init_head_from_target(target.head, getattr(target.base, "norm", None))
         self.store = _open_store(cfg, examples, self.layers)
 
     def forward_backward(self, examples, ids: list[int], step: int, autocast) -> torch.Tensor:

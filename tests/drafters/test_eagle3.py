@@ -46,6 +46,22 @@ def test_checkpoint_round_trip(tmp_path):
     assert cfg["tie_word_embeddings"] is False
 
 
+@pytest.mark.parametrize("kind", ["llama", "qwen3_5"])
+def test_head_starts_at_the_target_rows_of_the_draft_vocab(kind):
+    t = tiny_target(kind)
+    cfg = make_config(t.model.config, 40, feature_layers=[0, 0, 1])
+    model = Eagle3Model(cfg, t.model.get_input_embeddings())
+    model.set_vocab_map(torch.randperm(VOCAB)[:40])
+    with torch.no_grad():
+        t.base.norm.weight.uniform_(0.5, 1.5)
+    model.init_head_from_target(t.head, t.base.norm)
+    assert torch.equal(model.lm_head.weight, t.head.weight[model.draft_to_target()])
+    # Llama's norm is w * x / rms(x) and is copied; Qwen3.5's is (1 + w) * ... and is not.
+    copied = torch.equal(model.norm.weight, t.base.norm.weight)
+    assert copied == (kind == "llama")
+    assert copied or torch.equal(model.norm.weight, torch.ones_like(model.norm.weight))
+
+
 def test_load_refuses_other_vocab_and_missing(tmp_path):
     t = tiny_target("llama")
     _make_drafter(t, tmp_path / "d")
