@@ -1,0 +1,116 @@
+"""Write a speculator folder's model card (README.md) from what its training and benchmarks recorded.
+
+    python benchmarks/model_card.py speculators/smollm2-135m-eagle3 \
+        --bench benchmarks/results/speculators-*-t*.json --data-note "how the data was made"
+
+Everything in the card is read from files: the training record (`draftsmith.json`: data, steps,
+tokens, wall time, the exact commands), the architecture (`config.json`), the training curve
+(`metrics.jsonl`, when it was copied beside the speculator) and the `draftsmith bench` rows whose
+method names this folder. Nothing is typed in by hand except the free-text data note.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from training_curve import read_metrics, table
+
+
+def _size_mb(folder: Path) -> float:
+    files = [p for p in folder.iterdir() if p.is_file() and p.suffix in (".safetensors", ".json")]
+    return sum(p.stat().st_size for p in files) / 1e6
+
+
+def bench_rows(folder: Path, benches: list[Path]) -> list[tuple[dict, dict, dict]]:
+    """(bench run, this speculator's row, the `ar` row of the same run) for every row naming it."""
+    name = os.path.normpath(str(folder))
+    out = []
+    for path in benches:
+        run = json.loads(path.read_text())
+        rows = run["runs"]
+        ar = next((r for r in rows if r["method"] == "ar"), None)
+        for r in rows:
+            _, _, arg = r["method"].partition(":")
+            if arg and os.path.normpath(arg.split(":")[0]) == name and ar is not None:
+                out.append((run, r, ar))
+    return out
+
+
+def card(folder: Path, benches: list[Path], data_note: str) -> str:
+    rec = json.loads((folder / "draftsmith.json").read_text())
+    cfg = json.loads((folder / "config.json").read_text())
+    train = rec.get("train", {})
+    lines = [
+        f"# {folder.name}",
+        "",
+        f"A {rec.get('method', train.get('method', 'speculator'))} speculator for "
+        f"`{rec.get('target')}`, trained by draftsmith. Use it with "
+        f"`draftsmith bench --drafters ...:{folder}` or `draftsmith serve --drafter ...:{folder}`.",
+        "",
+        "## Model",
+        f"- files: {_size_mb(folder):.1f} MB (config.json, weights, draftsmith.json)",
+        f"- architecture: `{(cfg.get('architectures') or ['?'])[0]}`, hidden {cfg.get('hidden_size')}, "
+        f"{cfg.get('num_hidden_layers')} layer(s)",
+    ]
+    for key in ("draft_vocab_size", "feature_layers", "block_size", "init", "ttt_steps"):
+        if rec.get(key) is not None:
+            lines.append(f"- {key}: {rec[key]}")
+    lines += [
+        "",
+        "## Data",
+        f"- file: `{os.path.relpath(rec['data'])}` (sha256 {rec.get('data_sha256', '?')[:16]}...)",
+        f"- {data_note}" if data_note else "",
+        "",
+        "## Training",
+        f"- steps: {rec.get('steps')} of a {rec.get('total_steps')}-step schedule; "
+        f"{rec.get('tokens_seen', 0):,} tokens seen; wall time {rec.get('wall_time_s', 0) / 60:.0f} min "
+        "on the 2-core CPU",
+        f"- settings: lr {train.get('lr')}, {train.get('batch_tokens')} tokens per step, "
+        f"max_len {train.get('max_len')}, epochs {train.get('epochs')}, dtype {train.get('dtype')}",
+        "- the commands that produced it, in order (a stopped run continues with `--resume`):",
+        "",
+        "```",
+        *rec.get("commands", [rec.get("command", "")]),
+        "```",
+        "",
+    ]
+    if (folder / "metrics.jsonl").is_file():
+        lines += ["## Held-out tau against training step", "", table(read_metrics(folder), 0), ""]
+    rows = bench_rows(folder, benches)
+    if rows:
+        lines += [
+            "## Measured with `draftsmith bench`",
+            "",
+            "20 prompts unless stated, 256 new tokens, speedup over plain decoding (`ar`) in the same run.",
+            "",
+            "| workload | temperature | dtype | method | tau | decode tok/s | ar tok/s | speedup | match |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for run, r, ar in rows:
+            lines.append(
+                f"| {run['workload']} ({run['num_prompts']}) | {run['temperature']} | {run['dtype']} "
+                f"| {r['method'].split(':')[0]} | {r['tau']:.2f} | {r['decode_tok_s']:.1f} "
+                f"| {ar['decode_tok_s']:.1f} | {r['speedup']:.2f}x | {r['match_rate']:.2f} |"
+            )
+        lines.append("")
+    return "\n".join(line for line in lines if line is not None) + "\n"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("folder", type=Path)
+    p.add_argument("--bench", type=Path, nargs="*", default=[])
+    p.add_argument("--data-note", default="")
+    args = p.parse_args()
+    text = card(args.folder, args.bench, args.data_note)
+    tmp = args.folder / "README.md.tmp"
+    tmp.write_text(text)
+    tmp.replace(args.folder / "README.md")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

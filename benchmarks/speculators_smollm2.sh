@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The trained speculators of speculators/ against plain decoding and the training-free drafters on
+# the embedded target: code, chat and long (20 prompts, 256 new tokens, bf16, k=7) at temperature 0
+# with EAGLE-3 chains and trees, DFlash and MTP, then at temperature 1 (seed 0), then one float32
+# run whose match_rate must be 1.0 for every method. Results land in benchmarks/results/.
+# `bash benchmarks/speculators_smollm2.sh t0` (or t1, fp32) runs one part.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=benchmarks/results
+spec=speculators
+mkdir -p "${out}"
+e3="eagle3:${spec}/smollm2-135m-eagle3"
+tree="eagle3-tree:${spec}/smollm2-135m-eagle3:topk=8:size=32"
+df="dflash:${spec}/smollm2-135m-dflash"
+mtp="mtp:${spec}/smollm2-135m-mtp"
+run() {  # name, extra bench args...
+    local name=$1
+    shift
+    .venv/bin/draftsmith bench --target smollm2-135m --num-prompts 20 --max-new-tokens 256 --k 7 \
+        --no-progress --out "${out}/${name}.json" "$@" | tee "${out}/${name}.txt"
+}
+parts=${1:-t0 t1 fp32}
+for part in ${parts}; do
+    case ${part} in
+    t0)
+        for w in code chat long; do
+            run "speculators-${w}-t0" --workload "${w}" --drafters "ar,ngram,suffix,${e3},${tree},${df},${mtp}"
+        done
+        ;;
+    t1)
+        for w in code chat long; do
+            run "speculators-${w}-t1" --workload "${w}" --temperature 1 --seed 0 \
+                --drafters "ar,ngram,suffix,${e3},${df}"
+        done
+        ;;
+    fp32)
+        run "speculators-code-fp32" --workload code --dtype float32 --num-prompts 5 \
+            --drafters "ar,ngram,suffix,${e3},${tree},${df},${mtp}"
+        ;;
+    *) echo "unknown part ${part}: use t0, t1 or fp32" >&2; exit 2 ;;
+    esac
+done
