@@ -37,7 +37,7 @@ from torch import nn
 from transformers import Qwen3Config
 from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding, rotate_half
 
-from draftsmith.drafters.layers import RMSNorm, SwiGLU, fold_input_scale
+from draftsmith.drafters.layers import RMSNorm, SwiGLU
 from draftsmith.errors import UserError
 
 ARCHITECTURE = "DFlashDraftModel"
@@ -194,8 +194,6 @@ class DFlashModel(nn.Module):
         h = config.hidden_size
         k = len(config.dflash_config["target_layer_ids"])
         self.fc = nn.Linear(k * h, h, bias=False)
-        # Per-input scale of `fc` during training, folded into fc.weight on save (as in EAGLE-3).
-        self.register_buffer("feature_scale", torch.ones(k * h), persistent=False)
         self.hidden_norm = RMSNorm(h, config.rms_norm_eps)
         self.layers = nn.ModuleList(DFlashLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(h, config.rms_norm_eps)
@@ -219,7 +217,7 @@ class DFlashModel(nn.Module):
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
         """[..., K, H] target features -> [..., H] fused context feature c."""
-        return self.hidden_norm(self.fc(features.flatten(-2) * self.feature_scale.to(features.dtype)))
+        return self.hidden_norm(self.fc(features.flatten(-2)))
 
     def rope(self, like: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [b, n, d] for positions [b, n]."""
@@ -265,7 +263,6 @@ class DFlashModel(nn.Module):
         from draftsmith.formats.dflash_formats import config_dict
 
         state = {k: v for k, v in self.state_dict().items() if not k.startswith("rotary.")}
-        state["fc.weight"] = fold_input_scale(state["fc.weight"], self.feature_scale)
         save_checkpoint_dir(path, state, config_dict(self.config, self.fc.weight.dtype), extra)
 
 

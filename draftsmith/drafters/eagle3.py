@@ -28,7 +28,7 @@ from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from draftsmith.drafters.layers import RMSNorm, SwiGLU, fold_input_scale
+from draftsmith.drafters.layers import RMSNorm, SwiGLU
 from draftsmith.errors import UserError
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
@@ -99,9 +99,6 @@ class Eagle3Model(nn.Module):
         self.midlayer = _MidLayer(config)
         self.norm = RMSNorm(h, config.rms_norm_eps)
         self.lm_head = nn.Linear(h, config.draft_vocab_size, bias=False)
-        # Per-input scale of `fc` during training (see `train.target_pass.feature_scale`); folded into
-        # fc.weight on save, so checkpoints are the plain architecture and this is 1 once loaded.
-        self.register_buffer("feature_scale", torch.ones(3 * config.target_hidden_size), persistent=False)
         self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
         # Until set_vocab_map is called, draft id i is target id i.
         self.register_buffer("t2d", torch.arange(config.vocab_size) < config.draft_vocab_size)
@@ -144,7 +141,7 @@ class Eagle3Model(nn.Module):
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
         """[..., 3, H_target] target features -> [..., H] fused feature g."""
-        return self.fc(features.flatten(-2) * self.feature_scale.to(features.dtype))
+        return self.fc(features.flatten(-2))
 
     def forward(
         self,
@@ -182,7 +179,6 @@ class Eagle3Model(nn.Module):
         from draftsmith.fileio import save_checkpoint_dir
 
         state = {k: v for k, v in self.state_dict().items() if not k.startswith("rotary.")}
-        state["fc.weight"] = fold_input_scale(state["fc.weight"], self.feature_scale)
         save_checkpoint_dir(path, state, self.config.to_dict(), extra)
 
 

@@ -11,12 +11,6 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def fold_input_scale(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """W applied to x * s equals (W * s) applied to x: the plain `fc` weight a serving engine reads
-    for a layer trained on rescaled inputs."""
-    return (weight.float() * scale.float()[None, :]).to(weight.dtype)
-
-
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()

@@ -111,32 +111,3 @@ def stored_pass(
         if target.softcap:
             out = torch.tanh(out / target.softcap) * target.softcap
     return feats.to(target.device), out
-
-
-SCALE_EXAMPLES = 32
-
-
-def feature_scale(
-    target: Target, store, examples: list, feature_layers: list[int], max_len: int
-) -> torch.Tensor:
-    """[K*H] float32: 1 / RMS of each feature input over the first `SCALE_EXAMPLES` examples.
-
-    A drafter's `fc` multiplies its input by this while training. Target hidden states carry a few
-    "massive" dimensions (on SmolLM2, dims 17 and 507 average 250-450 against an RMS of ~25 and peak
-    at 25,000), so a plain `fc` starts out as a large, nearly constant offset that drowns the
-    token-dependent part after the norm, and Adam, moving every weight by about lr per step, needs
-    many steps to scale those columns down. Unit inputs give every dimension an equal start; the
-    scale is folded into fc.weight on save, so serving sees the plain architecture. Deterministic in
-    the data, so a resumed run recomputes the same scale.
-    """
-    from draftsmith.train.data import pack
-
-    n = min(SCALE_EXAMPLES, len(examples))
-    if store is not None:
-        feats = torch.cat([store.get(i, feature_layers)[0].float() for i in range(n)])  # [tok, K, H]
-    else:
-        batch = pack(examples[:n], max_len, packing=can_pack(target)).to(target.device)
-        f, _ = _forward(target, batch, feature_layers)
-        feats = f[batch.segments >= 0].float()
-    rms = feats.flatten(-2).pow(2).mean(0).sqrt()
-    return 1.0 / rms.clamp(min=1e-3)

@@ -49,7 +49,7 @@ from draftsmith.train.eagle3_objective import TargetSignal, count_positions, ttt
 from draftsmith.train.evaluate import eval_prompts, measure_tau
 from draftsmith.train.mtp_objective import count_positions as mtp_count_positions
 from draftsmith.train.mtp_objective import mtp_loss
-from draftsmith.train.target_pass import can_pack, feature_scale, packed_mask, stored_pass, target_pass
+from draftsmith.train.target_pass import can_pack, packed_mask, stored_pass, target_pass
 
 # Settings that define a run: a checkpoint resumes only under the same ones.
 FINGERPRINT = (
@@ -303,8 +303,6 @@ class _Eagle3:
         if cfg.head_init == "target":
             self.model.init_head_from_target(target.head, getattr(target.base, "norm", None))
         self.store = _open_store(cfg, examples, self.layers)
-        scale = feature_scale(target, self.store, examples, self.layers, cfg.max_len)
-        self.model.feature_scale.copy_(scale.to(world.device))
 
     def forward_backward(self, examples, ids: list[int], step: int, autocast) -> torch.Tensor:
         """Loss and gradients on this rank's shard. Returns the all-reduced parts (`_parts`)."""
@@ -332,7 +330,6 @@ class _Eagle3:
     def export(self, dtype: torch.dtype) -> Eagle3Model:
         out = Eagle3Model(self.model.config, self.model.embed_tokens)
         out.load_state_dict(self.model.state_dict())
-        out.feature_scale.copy_(self.model.feature_scale)  # not in state_dict: folded on save
         return out.to(dtype)
 
     def info(self) -> dict:
@@ -361,8 +358,6 @@ class _DFlash:
         embed, head = target.model.get_input_embeddings(), target.model.get_output_embeddings()
         self.model = dflash.DFlashModel(config, embed, head).to(world.device, torch.float32)
         self.store = _open_store(cfg, examples, self.layers)
-        scale = feature_scale(target, self.store, examples, self.layers, cfg.max_len)
-        self.model.feature_scale.copy_(scale.to(world.device))
 
     def forward_backward(self, examples, ids: list[int], step: int, autocast) -> torch.Tensor:
         cfg, model, S = self.cfg, self.model, self.cfg.block_size - 1
@@ -393,7 +388,6 @@ class _DFlash:
         m = self.model
         out = dflash.DFlashModel(m.config, m.embed_tokens, m.lm_head)
         out.load_state_dict(m.state_dict())
-        out.feature_scale.copy_(m.feature_scale)  # not in state_dict: folded on save
         return out.to(dtype)
 
     def info(self) -> dict:

@@ -73,20 +73,6 @@ def test_incremental_context_equals_recompute(tmp_path):
     assert torch.allclose(got, want, atol=1e-5)
 
 
-def test_training_feature_scale_is_folded_into_fc_on_save(tmp_path):
-    from draftsmith.drafters.dflash import load_dflash
-
-    t = tiny_target("llama")
-    m = make_drafter(t, tmp_path / "plain")
-    m.feature_scale.uniform_(0.01, 3.0)
-    m.save(tmp_path / "scaled")
-    back = load_dflash(tmp_path / "scaled", m.embed_tokens, m.lm_head, dtype=torch.float32)
-    assert torch.equal(back.feature_scale, torch.ones_like(back.feature_scale))
-    feats = torch.randn(7, len(LAYER_IDS["llama"]), t.config.hidden_size)
-    with torch.no_grad():
-        assert torch.allclose(back.fuse(feats), m.fuse(feats), atol=1e-5)
-
-
 def test_shorter_k_is_a_prefix_of_the_block(tmp_path):
     t = tiny_target("llama")
     make_drafter(t, tmp_path / "d", block_size=8)

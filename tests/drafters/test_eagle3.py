@@ -62,18 +62,6 @@ def test_head_starts_at_the_target_rows_of_the_draft_vocab(kind):
     assert copied or torch.equal(model.norm.weight, torch.ones_like(model.norm.weight))
 
 
-def test_training_feature_scale_is_folded_into_fc_on_save(tmp_path):
-    t = tiny_target("llama")
-    m = _make_drafter(t, tmp_path / "plain")
-    m.feature_scale.uniform_(0.01, 3.0)
-    m.save(tmp_path / "scaled")
-    back = load_eagle3(tmp_path / "scaled", t.model.get_input_embeddings(), dtype=torch.float32)
-    assert torch.equal(back.feature_scale, torch.ones_like(back.feature_scale))
-    feats = torch.randn(7, 3, t.config.hidden_size)
-    with torch.no_grad():
-        assert torch.allclose(back.fuse(feats), m.fuse(feats), atol=1e-5)
-
-
 def test_load_refuses_other_vocab_and_missing(tmp_path):
     t = tiny_target("llama")
     _make_drafter(t, tmp_path / "d")
