@@ -39,21 +39,32 @@ def bench_rows(folder: Path, benches: list[Path]) -> list[tuple[dict, dict, dict
     return out
 
 
+def _article(word: str) -> str:
+    return "An" if word[0] in "AEIOUM" else "A"
+
+
 def card(folder: Path, benches: list[Path], data_note: str) -> str:
     rec = json.loads((folder / "draftsmith.json").read_text())
     cfg = json.loads((folder / "config.json").read_text())
     train = rec.get("train", {})
+    method = {"eagle3": "EAGLE-3", "dflash": "DFlash", "mtp": "MTP"}.get(train.get("method"), "draft")
+    if train.get("method") == "mtp":
+        arch = "one MTP layer (`mtp.*` tensors, Qwen3.5 layout) beside the target's config"
+    else:
+        arch = (
+            f"`{(cfg.get('architectures') or ['?'])[0]}`, hidden {cfg.get('hidden_size')}, "
+            f"{cfg.get('num_hidden_layers')} layer(s)"
+        )
     lines = [
         f"# {folder.name}",
         "",
-        f"A {rec.get('method', train.get('method', 'speculator'))} speculator for "
+        f"{_article(method)} {method} speculator for "
         f"`{rec.get('target')}`, trained by draftsmith. Use it with "
-        f"`draftsmith bench --drafters ...:{folder}` or `draftsmith serve --drafter ...:{folder}`.",
+        f"`draftsmith bench --drafters {train.get('method')}:{folder}` or `draftsmith serve --drafter {train.get('method')}:{folder}`.",
         "",
         "## Model",
         f"- files: {_size_mb(folder):.1f} MB (config.json, weights, draftsmith.json)",
-        f"- architecture: `{(cfg.get('architectures') or ['?'])[0]}`, hidden {cfg.get('hidden_size')}, "
-        f"{cfg.get('num_hidden_layers')} layer(s)",
+        f"- architecture: {arch}",
     ]
     for key in ("draft_vocab_size", "feature_layers", "block_size", "init", "ttt_steps"):
         if rec.get(key) is not None:
