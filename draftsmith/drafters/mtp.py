@@ -101,6 +101,25 @@ class MTPHead(nn.Module):
         mask: torch.Tensor | None = None,  # [b, 1, q, kv] bool, True = may attend; None = causal / all
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One step. Returns (logits [b, q, V] float32, h' [b, q, H])."""
+        h = self.hidden_step(input_ids, hidden, positions, cache, mask)
+        return self.logits(h), h
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """[b, q, V] float32 logits of the head's normed output h' (soft-capped like the target's)."""
+        logits = self.lm_head(h).float()
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+    def hidden_step(
+        self,
+        input_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        cache: MTPCache | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """One step without the LM head: h' [b, q, H] (training scores it with a fused head + loss)."""
         emb = self.embed_tokens(input_ids).to(hidden.dtype)
         x = self.fc(torch.cat([self.pre_fc_norm_embedding(emb), self.pre_fc_norm_hidden(hidden)], dim=-1))
         rope = self.rotary(x, positions)
@@ -109,11 +128,7 @@ class MTPHead(nn.Module):
         )
         if isinstance(y, tuple):
             y = y[0]
-        h = self.norm(y)
-        logits = self.lm_head(h).float()
-        if self.softcap:
-            logits = torch.tanh(logits / self.softcap) * self.softcap
-        return logits, h
+        return self.norm(y)
 
 
 # ---- building -------------------------------------------------------------------------------------

