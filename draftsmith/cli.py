@@ -56,7 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="compare methods and peers on one workload")
     _add_target_args(b)
     _add_sampling_args(b)
-    b.add_argument("--drafters", default="ar,ngram,suffix")
+    b.add_argument(
+        "--drafters",
+        default="ar,ngram,suffix",
+        help="comma list of drafter specs; SPEC@K runs that one with draft length K instead of --k",
+    )
     b.add_argument("--workload", default="chat", help="chat, code, long or a FILE.jsonl")
     b.add_argument("--num-prompts", type=int, default=20)
     b.add_argument("--max-new-tokens", type=int, default=256)
@@ -212,7 +216,7 @@ def cmd_bench(args) -> int:
     _check_common(args)
     from draftsmith.bench.peers import expand_peers
     from draftsmith.bench.report import print_bench
-    from draftsmith.bench.runner import run_bench
+    from draftsmith.bench.runner import method_k, run_bench
     from draftsmith.bench.workloads import load_workload
     from draftsmith.drafters import registry
     from draftsmith.fileio import atomic_write_json
@@ -223,7 +227,7 @@ def cmd_bench(args) -> int:
         raise UserError(f"--num-prompts {args.num_prompts} must be positive")
     methods = registry.split_specs(args.drafters)
     for m in methods:
-        registry.build(m)  # fail on a bad drafter spec before loading anything
+        registry.build(method_k(m, args.k)[0])  # fail on a bad drafter spec before loading anything
     peers = expand_peers(args.peers) if args.peers.strip() else []
     prompts = load_workload(args.workload, args.num_prompts)
     if not prompts:

@@ -65,7 +65,7 @@ def test_bench_writes_runs(capsys, tiny_checkpoint, tmp_path):
             "--dtype",
             "float32",
             "--drafters",
-            "ngram,suffix",
+            "ngram,suffix,ngram@3",
             "--workload",
             str(wl),
             "--num-prompts",
@@ -82,7 +82,8 @@ def test_bench_writes_runs(capsys, tiny_checkpoint, tmp_path):
     assert code == 0
     res = json.loads(out_path.read_text())
     runs = {r["method"]: r for r in res["runs"]}
-    assert set(runs) == {"ar", "ngram", "suffix", "hf"}
+    assert set(runs) == {"ar", "ngram", "suffix", "ngram@3", "hf"}
+    assert (runs["ngram"]["k"], runs["ngram@3"]["k"]) == (8, 3)  # --k's default, and SPEC@K's own
     for r in runs.values():
         for key in (
             "tau",
@@ -95,7 +96,7 @@ def test_bench_writes_runs(capsys, tiny_checkpoint, tmp_path):
             "new_tokens",
         ):
             assert key in r
-    assert runs["ngram"]["match_rate"] == 1.0 and runs["suffix"]["match_rate"] == 1.0
+    assert runs["ngram"]["match_rate"] == runs["suffix"]["match_rate"] == runs["ngram@3"]["match_rate"] == 1.0
     assert runs["ar"]["speedup"] == 1.0
     assert {"target", "dtype", "temperature", "k", "machine", "date"} <= set(res)
 
@@ -110,6 +111,7 @@ def test_bench_writes_runs(capsys, tiny_checkpoint, tmp_path):
         (["bench", "--drafters", "ar,bogus"], "unknown drafter"),
         (["bench", "--workload", "nope"], "workload"),
         (["bench", "--num-prompts", "0"], "--num-prompts"),
+        (["bench", "--drafters", "ar,ngram@0"], "draft length"),
     ],
 )
 def test_bad_input_one_line_exit_2(capsys, argv, needle):

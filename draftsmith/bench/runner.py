@@ -4,6 +4,10 @@ Requests run one at a time (concurrency 1), the latency setting speculative deco
 each prompt every method runs back to back, so drift in the machine's load (it is shared and noisy)
 falls on all methods alike instead of on whichever ran last. `ar` always runs: speedup and
 match_rate are defined against it.
+
+A method may carry its own draft length as `SPEC@K` (`mtp:DIR@3,dflash:DIR@15`): the best k differs
+by drafter (an MTP head repeated k times pays k forwards of a target-sized layer, a DFlash block
+costs the same at any k), and `--k` is the default for the others.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from draftsmith.bench.peers import Peer, PeerResult, peer_available
 from draftsmith.decoding.engine import DecodeStats, Result, generate
 from draftsmith.decoding.sampling import SamplingParams
 from draftsmith.drafters import registry
+from draftsmith.errors import UserError
 from draftsmith.machine import machine_info
 from draftsmith.target.model import Target
 
@@ -49,6 +54,21 @@ class MethodTally:
         self.decode_s += res.decode_s
 
 
+def method_k(method: str, default_k: int) -> tuple[str, int]:
+    """'mtp:DIR@3' -> ('mtp:DIR', 3); a spec without a trailing '@K' keeps the default k.
+
+    >>> method_k("mtp:speculators/x@3", 7), method_k("ngram", 7)
+    (('mtp:speculators/x', 3), ('ngram', 7))
+    """
+    spec, at, tail = method.rpartition("@")
+    if not at or not tail.strip().isdigit():
+        return method, default_k
+    k = int(tail)
+    if k <= 0:
+        raise UserError(f"draft length in '{method}' must be positive: write SPEC@K with K >= 1")
+    return spec, k
+
+
 def run_bench(
     target: Target,
     prompts: list[list[int]],
@@ -64,7 +84,8 @@ def run_bench(
 ) -> dict:
     if registry.AR not in [m.split(":")[0] for m in methods]:
         methods = [registry.AR, *methods]
-    factories = {m: registry.build(m) for m in methods}
+    ks = {m: method_k(m, k)[1] for m in methods}
+    factories = {m: registry.build(method_k(m, k)[0]) for m in methods}
     peer_objs: dict[str, Peer] = {}
     skipped: dict[str, str] = {}
     # Lookup peers evaluate a whole draft past the last token, so leave room beyond the budget.
@@ -78,8 +99,8 @@ def run_bench(
             peer_objs[name] = Peer(name, target, max_context)
 
     # Warm-up: first calls pay for allocator growth and lazy initialisation in every engine.
-    for f in factories.values():
-        generate(target, f, prompts[:1], k=k, sampling=sampling, max_new_tokens=8)
+    for m, f in factories.items():
+        generate(target, f, prompts[:1], k=ks[m], sampling=sampling, max_new_tokens=8)
     for p in peer_objs.values():
         p.run(prompts[0], 8, sampling)
 
@@ -88,7 +109,7 @@ def run_bench(
     for ids in prompts:
         for m, f in factories.items():
             tallies[m].add_engine(
-                generate(target, f, [ids], k=k, sampling=sampling, max_new_tokens=max_new_tokens)[0]
+                generate(target, f, [ids], k=ks[m], sampling=sampling, max_new_tokens=max_new_tokens)[0]
             )
             bar.update()
         for name, p in list(peer_objs.items()):
@@ -124,7 +145,10 @@ def run_bench(
         }
         if not is_peer:
             run.update(
-                steps=t.stats.steps, draft_s=round(t.stats.draft_s, 3), verify_s=round(t.stats.verify_s, 3)
+                k=ks[name] if name != registry.AR else 0,
+                steps=t.stats.steps,
+                draft_s=round(t.stats.draft_s, 3),
+                verify_s=round(t.stats.verify_s, 3),
             )
         runs.append(run)
     for name, reason in skipped.items():

@@ -143,7 +143,7 @@ def from_bench(path: str | Path, drafter: str) -> tuple[Acceptance, dict]:
     run = _pick_run(runs, drafter, path)
     rates = tuple(float(a) for a in run["accept_per_pos"])
     coverage = 1.0
-    k_bench = int(data.get("k") or len(rates))
+    k_bench = int(run.get("k") or data.get("k") or len(rates))  # a run's own k (SPEC@K) first
     tau = run.get("tau")
     full = tau_from_rates(list(rates), k_bench) - 1.0
     if tau and full > 0 and math.isfinite(tau):
