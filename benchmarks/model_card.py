@@ -18,6 +18,8 @@ from pathlib import Path
 
 from training_curve import read_metrics, table
 
+from draftsmith.bench.runner import method_k
+
 
 def _size_mb(folder: Path) -> float:
     files = [p for p in folder.iterdir() if p.is_file() and p.suffix in (".safetensors", ".json")]
@@ -33,7 +35,7 @@ def bench_rows(folder: Path, benches: list[Path]) -> list[tuple[dict, dict, dict
         rows = run["runs"]
         ar = next((r for r in rows if r["method"] == "ar"), None)
         for r in rows:
-            _, _, arg = r["method"].partition(":")
+            _, _, arg = method_k(r["method"], 0)[0].partition(":")
             if arg and os.path.normpath(arg.split(":")[0]) == name and ar is not None:
                 out.append((run, r, ar))
     return out
@@ -103,7 +105,7 @@ def card(folder: Path, benches: list[Path], data_note: str) -> str:
         for run, r, ar in rows:
             lines.append(
                 f"| {run['workload']} ({run['num_prompts']}) | {run['temperature']} | {run['dtype']} "
-                f"| {r['method'].split(':')[0]} | {r['tau']:.2f} | {r['decode_tok_s']:.1f} "
+                f"| {r['method'].split(':')[0]} (k={r.get('k', run['k'])}) | {r['tau']:.2f} | {r['decode_tok_s']:.1f} "
                 f"| {ar['decode_tok_s']:.1f} | {r['speedup']:.2f}x | {r['match_rate']:.2f} |"
             )
         lines.append("")

@@ -3,6 +3,8 @@
 # the embedded target: code, chat and long (20 prompts, 256 new tokens, bf16, k=7) at temperature 0
 # with EAGLE-3 chains and trees, DFlash and MTP, then at temperature 1 (seed 0), then one float32
 # run whose match_rate must be 1.0 for every method. Results land in benchmarks/results/.
+# MTP runs at k=3 (`@3`): each of its draft steps is a target-sized layer plus the target's 49k-row
+# LM head, about a quarter of a SmolLM2 forward, so long chains cost more than they return.
 # `bash benchmarks/speculators_smollm2.sh t0` (or t1, fp32) runs one part.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +14,7 @@ mkdir -p "${out}"
 e3="eagle3:${spec}/smollm2-135m-eagle3"
 tree="eagle3-tree:${spec}/smollm2-135m-eagle3:topk=8:size=32"
 df="dflash:${spec}/smollm2-135m-dflash"
-mtp="mtp:${spec}/smollm2-135m-mtp"
+mtp="mtp:${spec}/smollm2-135m-mtp@3"
 run() {  # name, extra bench args...
     local name=$1
     shift
