@@ -17,6 +17,7 @@ from transformers.utils import logging as hf_logging
 from draftsmith.errors import UserError
 from draftsmith.target import attention
 from draftsmith.target.cache import RaggedCache
+from draftsmith.target.gemv import use_gemv
 
 # Feature id of the final-normed hidden state, the tensor the LM head reads (what MTP heads consume).
 # Ids >= 0 are decoder-layer outputs.
@@ -52,6 +53,7 @@ class Target:
 
     def __init__(self, model: PreTrainedModel, tokenizer, name: str, gguf_path: str | None = None) -> None:
         self.model = model.eval()
+        use_gemv(self.model)  # one-row products through torch.mv on CPU bf16 (decode steps)
         self.tokenizer = tokenizer
         self.name = name
         self.gguf_path = gguf_path
