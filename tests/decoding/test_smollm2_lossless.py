@@ -1,5 +1,8 @@
-"""Integration: the embedded SmolLM2 target in float32, every training-free drafter and several k
-give exactly plain greedy decoding, alone and in a ragged batch."""
+"""Integration: the embedded SmolLM2 target in float32, every training-free drafter and several k,
+and the trained speculators committed in `speculators/`, give exactly plain greedy decoding, alone
+and in a ragged batch."""
+
+from pathlib import Path
 
 import pytest
 
@@ -8,6 +11,15 @@ from draftsmith.drafters import registry
 from draftsmith.target.chat import encode_messages
 
 pytestmark = pytest.mark.slow
+
+SPECULATORS = Path(__file__).resolve().parents[2] / "speculators"
+TRAINED = [
+    ("eagle3:{}/smollm2-135m-eagle3", 7),
+    ("eagle3-tree:{}/smollm2-135m-eagle3:topk=8:size=32", 7),
+    ("dflash:{}/smollm2-135m-dflash", 7),
+    ("dflash:{}/smollm2-135m-dflash", 15),
+    ("mtp:{}/smollm2-135m-mtp", 3),
+]
 
 PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number, with a docstring.",
@@ -39,6 +51,14 @@ def test_drafters_equal_plain_greedy(smollm2, prompt_ids, plain, spec, k):
         res = generate(smollm2, factory, [ids], k=k, max_new_tokens=64)[0]
         assert res.token_ids == ref
         assert res.stats.tau >= 1.0
+
+
+@pytest.mark.parametrize("spec,k", TRAINED, ids=[f"{s.split(':')[0]}-k{k}" for s, k in TRAINED])
+def test_trained_speculators_equal_plain_greedy(smollm2, prompt_ids, plain, spec, k):
+    factory = registry.build(spec.format(SPECULATORS))
+    for ids, ref in zip(prompt_ids, plain, strict=True):
+        res = generate(smollm2, factory, [ids], k=k, max_new_tokens=64)[0]
+        assert res.token_ids == ref
 
 
 def test_ragged_batch_equals_single_rows(smollm2, prompt_ids, plain):
