@@ -41,6 +41,11 @@ def bench_rows(folder: Path, benches: list[Path]) -> list[tuple[dict, dict, dict
     return out
 
 
+def _match(row: dict) -> str:
+    """match_rate is only defined at temperature 0 (None in sampled runs)."""
+    return "-" if row.get("match_rate") is None else f"{row['match_rate']:.2f}"
+
+
 def _article(word: str) -> str:
     return "An" if word[0] in "AEIOUM" else "A"
 
@@ -106,7 +111,7 @@ def card(folder: Path, benches: list[Path], data_note: str) -> str:
             lines.append(
                 f"| {run['workload']} ({run['num_prompts']}) | {run['temperature']} | {run['dtype']} "
                 f"| {r['method'].split(':')[0]} (k={r.get('k', run['k'])}) | {r['tau']:.2f} | {r['decode_tok_s']:.1f} "
-                f"| {ar['decode_tok_s']:.1f} | {r['speedup']:.2f}x | {r['match_rate']:.2f} |"
+                f"| {ar['decode_tok_s']:.1f} | {r['speedup']:.2f}x | {_match(r)} |"
             )
         lines.append("")
     return "\n".join(line for line in lines if line is not None) + "\n"
