@@ -84,8 +84,9 @@ def run_bench(
 ) -> dict:
     if registry.AR not in [m.split(":")[0] for m in methods]:
         methods = [registry.AR, *methods]
-    ks = {m: method_k(m, k)[1] for m in methods}
-    factories = {m: registry.build(method_k(m, k)[0]) for m in methods}
+    parsed = {m: method_k(m, k) for m in methods}
+    ks = {m: mk for m, (_, mk) in parsed.items()}
+    factories = {m: registry.build(spec) for m, (spec, _) in parsed.items()}
     peer_objs: dict[str, Peer] = {}
     skipped: dict[str, str] = {}
     # Lookup peers evaluate a whole draft past the last token, so leave room beyond the budget.
