@@ -183,6 +183,11 @@ class RaggedCache(Cache):
     def is_recording_past(self, layer_idx: int) -> bool:
         return layer_idx in self.linear_layers
 
+    # transformers >= 5.25 can record intermediate recurrent states for its own speculative decoding;
+    # we keep none (the engine snapshots and replays instead), so its chunked path runs unchanged.
+    def get_recurrent_states_to_keep(self, layer_idx: int | None = None) -> int:
+        return 0
+
     def _select(self, t: torch.Tensor) -> torch.Tensor:
         return t if self._rows is None else t[self._rows.to(t.device)]
 
