@@ -224,22 +224,27 @@ def _layer(
     ks = [kk.repeat_interleave(rep, 1) for kk in [*keys, k]]  # each [b, heads, T, d]
     vs = [vv.repeat_interleave(rep, 1) for vv in [*values, v]]
     scale = attn.head_dim**-0.5
-    rows = []
-    for r, row_runs in enumerate(runs):
-        parts = []
-        for a, e in row_runs:
-            qr = q[r, :, a:e]  # [heads, L, d]
-            causal = torch.ones(e - a, e - a, dtype=torch.bool, device=q.device).tril_()
-            block = (qr @ ks[0][r, :, a:e].transpose(-1, -2)) * scale  # [heads, L, L]
-            block = block.masked_fill(~causal, float("-inf"))
-            diag = [(qr * kj[r, :, a:e]).sum(-1, keepdim=True) * scale for kj in ks[1:]]  # s x [heads, L, 1]
-            w = torch.softmax(torch.cat([block, *diag], dim=-1), dim=-1, dtype=torch.float32).to(q.dtype)
-            o = w[..., : e - a] @ vs[0][r, :, a:e]  # [heads, L, d]
-            for j, vj in enumerate(vs[1:]):
-                o = o + w[..., e - a + j : e - a + j + 1] * vj[r, :, a:e]
-            parts.append(o)
-        rows.append(torch.cat(parts, dim=1))
-    out = torch.stack(rows)  # [b, heads, T, d]
+    # Steps 1..s: each query's own earlier draft keys at the same anchor, one score per key.
+    s = len(ks) - 1
+    diag = torch.stack([(q * kj).sum(-1) for kj in ks[1:]], -1) * scale if s else q.new_zeros(*q.shape[:3], 0)
+    # The step-0 keys: one causal block per packed example, softmaxed together with its s diagonal
+    # scores. Examples are cut with `unbind`/`split`, whose backward is one concatenation; slicing
+    # per example cost a zero-filled full-size gradient per slice.
+    outs, w_diags = [], []
+    for q_r, k_r, v_r, d_r, row_runs in zip(q, ks[0], vs[0], diag, runs, strict=True):
+        lens = [e - a for a, e in row_runs]
+        for qe, ke, ve, de in zip(*(x.split(lens, 1) for x in (q_r, k_r, v_r, d_r)), strict=True):
+            L = qe.shape[1]
+            causal = torch.ones(L, L, dtype=torch.bool, device=q.device).tril_()
+            block = ((qe @ ke.transpose(-1, -2)) * scale).masked_fill(~causal, float("-inf"))
+            w = torch.softmax(torch.cat([block, de], -1), dim=-1, dtype=torch.float32).to(q.dtype)
+            outs.append(w[..., :L] @ ve)  # [heads, L, d]
+            w_diags.append(w[..., L:])  # [heads, L, s]
+    # The examples tile the rows in order: [heads, b*T, .] -> [b, heads, T, .].
+    out = torch.cat(outs, 1).view(attn.heads, b, T, -1).transpose(0, 1)
+    w_diag = torch.cat(w_diags, 1).view(attn.heads, b, T, s).transpose(0, 1)
+    for j, vj in enumerate(vs[1:]):
+        out = out + w_diag[..., j : j + 1] * vj
     r = hidden + attn.o_proj(out.transpose(1, 2).reshape(b, T, -1))
     h = r + layer.mlp(layer.post_attention_layernorm(r))
     return h, k, v

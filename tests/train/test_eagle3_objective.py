@@ -108,6 +108,26 @@ def test_packed_rows_equal_separate_examples():
     assert packed.correct.tolist() == (sep[0].correct + sep[1].correct).tolist()
 
 
+def test_rows_of_a_batch_equal_separate_rows():
+    """Two packed rows in one batch give what each gives alone (rows must not mix)."""
+    model, ids, lm, feats, logits = _setup(seed=4, T=16)
+    other = _setup(seed=5, T=16)[1:]
+    segments = torch.tensor([[0] * 10 + [1] * 6, [0] * 16])
+    positions = torch.tensor([list(range(10)) + list(range(6)), list(range(16))])
+    both = ttt_loss(
+        model, torch.cat([ids, other[0]]), torch.cat([lm, other[1]]), torch.cat([feats, other[2]]),
+        torch.cat([logits, other[3]]), ttt_steps=S, segments=segments, positions=positions,
+    )  # fmt: skip
+    rows = [(ids, lm, feats, logits), other]
+    sep = [
+        ttt_loss(model, *row, ttt_steps=S, segments=segments[i : i + 1], positions=positions[i : i + 1])
+        for i, row in enumerate(rows)
+    ]
+    sums = sep[0].step_loss * sep[0].counts + sep[1].step_loss * sep[1].counts
+    assert both.counts.tolist() == (sep[0].counts + sep[1].counts).tolist()
+    assert torch.allclose(both.step_loss * both.counts, sums, atol=1e-4)
+
+
 def test_global_counts_normalise_each_step():
     model, ids, lm, feats, logits = _setup(seed=2)
     local = ttt_loss(model, ids, lm, feats, logits, ttt_steps=S)
