@@ -36,6 +36,12 @@ def add_train_eagle3_parser(subparsers) -> argparse.ArgumentParser:
         help="start the draft LM head at random (default) or at the target's rows for the draft vocab "
         "(on SmolLM2 it began with larger losses and trailed random for the first 60k tokens)",
     )
+    p.add_argument(
+        "--init",
+        default="random",
+        help="random (default) or the folder of a trained EAGLE-3 speculator to continue from, with a new "
+        "schedule and its own draft vocabulary (train longer than the first run planned, or on new traffic)",
+    )
     p.set_defaults(func=cmd_train_eagle3)
     return p
 
@@ -48,6 +54,7 @@ def cmd_train_eagle3(args: argparse.Namespace) -> int:
         ttt_steps=args.ttt_steps,
         draft_vocab=args.draft_vocab,
         head_init=args.head_init,
+        init=args.init,
     )
     summary = train_eagle3(cfg)
     report(summary, f"speculator in {summary['out']}")

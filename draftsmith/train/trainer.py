@@ -38,7 +38,7 @@ import torch
 from tqdm import tqdm
 
 from draftsmith.drafters import dflash
-from draftsmith.drafters.eagle3 import Eagle3Model, default_feature_layers, make_config
+from draftsmith.drafters.eagle3 import Eagle3Model, default_feature_layers, load_eagle3, make_config
 from draftsmith.drafters.mtp import build_head, load_head, save_head
 from draftsmith.errors import UserError
 from draftsmith.target.model import FINAL_HIDDEN, load_target, parse_device, parse_dtype
@@ -153,6 +153,9 @@ def train(cfg: TrainConfig) -> dict:
     records = load_conversations(cfg.data)
     keys = {"dflash": DFLASH_FINGERPRINT, "mtp": MTP_FINGERPRINT}.get(cfg.method, FINGERPRINT)
     fingerprint = {k: getattr(cfg, k) for k in keys} | {"data_sha256": _digest(cfg.data)}
+    if cfg.method == "eagle3" and cfg.init != "random":
+        # Only when set, so checkpoints written before `--init` existed still resume.
+        fingerprint["init"] = str(Path(cfg.init).resolve())
     _check_out(cfg, fingerprint)
     parse_dtype(cfg.dtype)
     world = distributed.init(parse_device(cfg.device))
@@ -297,11 +300,16 @@ class _Eagle3:
         self.cfg, self.target, self.world = cfg, target, world
         self.layers = feature_layers(target.num_layers)
         config = make_config(target.model.config, cfg.draft_vocab, self.layers)
-        self.model = Eagle3Model(config, target.model.get_input_embeddings()).to(world.device, torch.float32)
-        vocab = draft_vocab(examples, config.draft_vocab_size, target.vocab_size)
-        self.model.set_vocab_map(vocab.to(world.device))
-        if cfg.head_init == "target":
-            self.model.init_head_from_target(target.head, getattr(target.base, "norm", None))
+        if cfg.init != "random":
+            self.model = _eagle3_init(cfg.init, config, target).to(world.device, torch.float32)
+        else:
+            self.model = Eagle3Model(config, target.model.get_input_embeddings()).to(
+                world.device, torch.float32
+            )
+            vocab = draft_vocab(examples, config.draft_vocab_size, target.vocab_size)
+            self.model.set_vocab_map(vocab.to(world.device))
+            if cfg.head_init == "target":
+                self.model.init_head_from_target(target.head, getattr(target.base, "norm", None))
         self.store = _open_store(cfg, examples, self.layers)
 
     def forward_backward(self, examples, ids: list[int], step: int, autocast) -> torch.Tensor:
@@ -333,7 +341,25 @@ class _Eagle3:
         return out.to(dtype)
 
     def info(self) -> dict:
-        return {"draft_vocab_size": self.model.config.draft_vocab_size}
+        init = {} if self.cfg.init == "random" else {"init": str(Path(self.cfg.init).resolve())}
+        return {"draft_vocab_size": self.model.config.draft_vocab_size} | init
+
+
+def _eagle3_init(path: str, config, target) -> Eagle3Model:
+    """A trained EAGLE-3 speculator (any layout `eagle3:PATH` loads) to continue training from, with
+    its own draft vocabulary: a longer schedule or new traffic without starting over."""
+    model = load_eagle3(path, target.model.get_input_embeddings(), torch.float32)
+    want = {"feature layers": config.eagle_config["eagle_aux_hidden_state_layer_ids"],
+            "draft vocabulary": config.draft_vocab_size, "hidden size": config.hidden_size}  # fmt: skip
+    have = {"feature layers": model.feature_layers, "draft vocabulary": model.config.draft_vocab_size,
+            "hidden size": model.config.hidden_size}  # fmt: skip
+    diff = [f"{k} {have[k]} (this run: {want[k]})" for k in want if have[k] != want[k]]
+    if diff:
+        raise UserError(
+            f"--init {path}: the speculator there differs from this run: {'; '.join(diff)}; "
+            "pass the --draft-vocab it was trained with, or use a speculator made for this target"
+        )
+    return model.train()
 
 
 class _DFlash:
@@ -536,6 +562,8 @@ def _check_args(cfg: TrainConfig) -> None:
         raise UserError(f"--max-steps {cfg.max_steps} must be positive")
     if cfg.eval_k is not None and cfg.eval_k <= 0:
         raise UserError(f"--eval-k {cfg.eval_k} must be positive")
+    if cfg.method == "eagle3" and cfg.init != "random" and not Path(cfg.init).is_dir():
+        raise UserError(f"--init {cfg.init}: give random or the folder of a trained EAGLE-3 speculator")
     if cfg.method == "mtp" and cfg.init not in MTP_INITS and not Path(cfg.init).is_dir():
         raise UserError(
             f"--init {cfg.init}: give random, last_layer, native, or a folder holding an MTP head "

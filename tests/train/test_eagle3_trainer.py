@@ -170,6 +170,22 @@ def test_resume_continues_the_loss_curve_exactly(sharp_target, files, tmp_path):
     assert len(json.loads((b / "draftsmith.json").read_text())["commands"]) == 2
 
 
+def test_init_continues_from_a_trained_speculator(sharp_target, files, tmp_path):
+    """`--init DIR` starts a new schedule from a trained speculator: its weights and its draft
+    vocabulary, so the first step's loss is the trained model's, not a random one's."""
+    common = ["--batch-tokens", 120, "--lr", 3e-3, "--ttt-steps", 3, "--eval-prompts", 0]
+    first, second, fresh = tmp_path / "first", tmp_path / "second", tmp_path / "fresh"
+    assert main(_args(sharp_target, files, first, *common, "--epochs", 6)) == 0
+    assert main(_args(sharp_target, files, second, *common, "--epochs", 1, "--init", first)) == 0
+    assert main(_args(sharp_target, files, fresh, *common, "--epochs", 1)) == 0
+    trained_loss = sum(r["loss"] for r in _metrics(first)[-3:]) / 3
+    assert _metrics(second)[0]["loss"] < 0.8 * _metrics(fresh)[0]["loss"]
+    assert _metrics(second)[0]["loss"] < 1.5 * trained_loss
+    wa, wb = load_file(str(first / "model.safetensors")), load_file(str(second / "model.safetensors"))
+    assert torch.equal(wa["d2t"], wb["d2t"])
+    assert json.loads((second / "draftsmith.json").read_text())["init"] == str(first.resolve())
+
+
 def test_offline_features_train_like_online(sharp_target, files, tmp_path):
     from draftsmith.cli import main as cli_main
 
@@ -293,3 +309,8 @@ def test_user_errors(sharp_target, files, tmp_path, capsys):
     assert "pass --resume" in error(_args(sharp_target, files, out, *common))
     assert "another run" in error(_args(sharp_target, files, out, *common, "--lr", 5e-4))
     assert "other settings" in error(_args(sharp_target, files, out, *common, "--resume", "--ttt-steps", 2))
+    assert "--init" in error(
+        _args(sharp_target, files, tmp_path / "o2", *common, "--init", tmp_path / "none")
+    )
+    narrow = _args(sharp_target, files, tmp_path / "o3", *common, "--init", out, "--draft-vocab", 7)
+    assert "draft vocabulary" in error(narrow)
