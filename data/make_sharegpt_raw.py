@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 
 from draftsmith.data.sources import iter_sharegpt
+from draftsmith.fileio import atomic_write_text
+from draftsmith.train.data import load_conversations
 
 
 def main() -> None:
@@ -25,22 +26,17 @@ def main() -> None:
     p.add_argument("--skip", help="a conversations JSONL whose ids to leave out")
     p.add_argument("--out", required=True)
     args = p.parse_args()
-    skip = set()
-    if args.skip:
-        with open(args.skip, encoding="utf-8") as f:
-            skip = {json.loads(line)["id"] for line in f if line.strip()}
-    n, tmp = 0, args.out + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        for rec in iter_sharegpt(split="train"):
-            msgs = [m for m in rec["messages"] if m["role"] != "system"][:4]
-            if rec["id"] in skip or len(msgs) < 2 or msgs[1]["role"] != "assistant":
-                continue
-            f.write(json.dumps({"id": rec["id"], "source": "sharegpt-raw", "messages": msgs}) + "\n")
-            n += 1
-            if n == args.num:
-                break
-    os.replace(tmp, args.out)
-    print(f"{n} conversations -> {args.out}")
+    skip = {r.get("id") for r in load_conversations(args.skip)} if args.skip else set()
+    lines = []
+    for rec in iter_sharegpt(split="train"):
+        msgs = [m for m in rec["messages"] if m["role"] != "system"][:4]
+        if rec["id"] in skip or len(msgs) < 2 or msgs[1]["role"] != "assistant":
+            continue
+        lines.append(json.dumps({"id": rec["id"], "source": "sharegpt-raw", "messages": msgs}) + "\n")
+        if len(lines) == args.num:
+            break
+    atomic_write_text(args.out, "".join(lines))
+    print(f"{len(lines)} conversations -> {args.out}")
 
 
 if __name__ == "__main__":

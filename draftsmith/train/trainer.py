@@ -154,8 +154,9 @@ def train(cfg: TrainConfig) -> dict:
     keys = {"dflash": DFLASH_FINGERPRINT, "mtp": MTP_FINGERPRINT}.get(cfg.method, FINGERPRINT)
     fingerprint = {k: getattr(cfg, k) for k in keys} | {"data_sha256": _digest(cfg.data)}
     if cfg.method == "eagle3" and cfg.init != "random":
+        cfg.init = str(Path(cfg.init).resolve())
         # Only when set, so checkpoints written before `--init` existed still resume.
-        fingerprint["init"] = str(Path(cfg.init).resolve())
+        fingerprint["init"] = cfg.init
     _check_out(cfg, fingerprint)
     parse_dtype(cfg.dtype)
     world = distributed.init(parse_device(cfg.device))
@@ -341,7 +342,7 @@ class _Eagle3:
         return out.to(dtype)
 
     def info(self) -> dict:
-        init = {} if self.cfg.init == "random" else {"init": str(Path(self.cfg.init).resolve())}
+        init = {} if self.cfg.init == "random" else {"init": self.cfg.init}
         return {"draft_vocab_size": self.model.config.draft_vocab_size} | init
 
 
