@@ -4,7 +4,9 @@ The responses are ChatGPT's, not the target's, but the EAGLE-3 loss scores the d
 target's own next-token distribution at every position, so these still teach the target's behaviour
 (in contexts it would not have written itself). They cost no generation time, which on a CPU is what
 regenerated data is short of. Conversations already in `--skip` (the regenerated set) are left out;
-each keeps its first two user/assistant exchanges.
+each keeps its first two user/assistant exchanges. `--code-fraction` asks for a share of
+conversations whose answers hold a fenced code block (the code workload is where the draft was
+weakest).
 
     .venv/bin/python data/make_sharegpt_raw.py --num 1100 --skip data/smollm2-train.jsonl \
         --out data/sharegpt-raw-train-1100.jsonl
@@ -24,19 +26,32 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--num", type=int, required=True)
     p.add_argument("--skip", help="a conversations JSONL whose ids to leave out")
+    p.add_argument(
+        "--code-fraction",
+        type=float,
+        default=0.0,
+        help="at least this share of the conversations has a fenced code block in an answer",
+    )
     p.add_argument("--out", required=True)
     args = p.parse_args()
     skip = {r.get("id") for r in load_conversations(args.skip)} if args.skip else set()
-    lines = []
+    code_wanted = round(args.code_fraction * args.num)
+    code, other = [], []
     for rec in iter_sharegpt(split="train"):
         msgs = [m for m in rec["messages"] if m["role"] != "system"][:4]
         if rec["id"] in skip or len(msgs) < 2 or msgs[1]["role"] != "assistant":
             continue
-        lines.append(json.dumps({"id": rec["id"], "source": "sharegpt-raw", "messages": msgs}) + "\n")
-        if len(lines) == args.num:
+        line = json.dumps({"id": rec["id"], "source": "sharegpt-raw", "messages": msgs}) + "\n"
+        has_code = any(m["role"] == "assistant" and "```" in m["content"] for m in msgs)
+        if has_code and len(code) < code_wanted:
+            code.append(line)
+        elif len(other) < args.num - code_wanted:
+            other.append(line)
+        if len(code) + len(other) == args.num:
             break
+    lines = code + other  # the trainer shuffles; kept in two runs so the file says what it holds
     atomic_write_text(args.out, "".join(lines))
-    print(f"{len(lines)} conversations -> {args.out}")
+    print(f"{len(lines)} conversations ({len(code)} with code) -> {args.out}")
 
 
 if __name__ == "__main__":

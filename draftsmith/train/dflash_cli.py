@@ -43,6 +43,12 @@ def add_train_dflash_parser(subparsers) -> argparse.ArgumentParser:
         default=None,
         help="token id of the mask slots (default: the tokenizer's mask or a spare special token)",
     )
+    p.add_argument(
+        "--init",
+        default="random",
+        help="random (default) or the folder of a trained DFlash speculator to continue from, with a new "
+        "schedule (train longer than the first run planned, or on new traffic)",
+    )
     p.set_defaults(func=cmd_train_dflash)
     return p
 
@@ -73,6 +79,7 @@ def cmd_train_dflash(args: argparse.Namespace) -> int:
         gamma=args.gamma,
         target_layers=_layer_ids(args.target_layers),
         mask_token_id=args.mask_token_id,
+        init=args.init,
     )
     summary = train_dflash(cfg)
     report(summary, f"speculator in {summary['out']}")

@@ -153,7 +153,7 @@ def train(cfg: TrainConfig) -> dict:
     records = load_conversations(cfg.data)
     keys = {"dflash": DFLASH_FINGERPRINT, "mtp": MTP_FINGERPRINT}.get(cfg.method, FINGERPRINT)
     fingerprint = {k: getattr(cfg, k) for k in keys} | {"data_sha256": _digest(cfg.data)}
-    if cfg.method == "eagle3" and cfg.init != "random":
+    if cfg.method in ("eagle3", "dflash") and cfg.init != "random":
         cfg.init = str(Path(cfg.init).resolve())
         # Only when set, so checkpoints written before `--init` existed still resume.
         fingerprint["init"] = cfg.init
@@ -383,7 +383,10 @@ class _DFlash:
             tc, layers=cfg.layers, block_size=cfg.block_size, mask_token_id=mask, target_layer_ids=self.layers
         )
         embed, head = target.model.get_input_embeddings(), target.model.get_output_embeddings()
-        self.model = dflash.DFlashModel(config, embed, head).to(world.device, torch.float32)
+        if cfg.init != "random":
+            self.model = _dflash_init(cfg.init, config, embed, head).to(world.device, torch.float32)
+        else:
+            self.model = dflash.DFlashModel(config, embed, head).to(world.device, torch.float32)
         self.store = _open_store(cfg, examples, self.layers)
 
     def forward_backward(self, examples, ids: list[int], step: int, autocast) -> torch.Tensor:
@@ -419,11 +422,35 @@ class _DFlash:
 
     def info(self) -> dict:
         c = self.model.config.dflash_config
+        init = {} if self.cfg.init == "random" else {"init": self.cfg.init}
         return {
             "block_size": c["block_size"],
             "mask_token_id": c["mask_token_id"],
             "layers": self.model.config.num_hidden_layers,
-        }
+        } | init
+
+
+def _dflash_init(path: str, config, embed, head) -> dflash.DFlashModel:
+    """A trained DFlash speculator to continue training from (a longer schedule or new traffic). Its
+    shape must be the one this run's flags ask for: a silent switch to the checkpoint's block size
+    or layers would make the run's flags lie about what it trained."""
+    model = dflash.load_dflash(path, embed, head, torch.float32)
+    c, mine = model.config, config
+
+    def shape(cfg) -> dict:
+        d = cfg.dflash_config
+        return {"--layers": cfg.num_hidden_layers, "--block-size": d["block_size"],
+                "--target-layers": d["target_layer_ids"], "--mask-token-id": d["mask_token_id"],
+                "hidden size": cfg.hidden_size}  # fmt: skip
+
+    have, want = shape(c), shape(mine)
+    diff = [f"{k} {have[k]} (this run: {want[k]})" for k in want if have[k] != want[k]]
+    if diff:
+        raise UserError(
+            f"--init {path}: the speculator there differs from this run: {'; '.join(diff)}; "
+            "pass the flags it was trained with, or use a speculator made for this target"
+        )
+    return model.train()
 
 
 class _MTP:
@@ -563,8 +590,9 @@ def _check_args(cfg: TrainConfig) -> None:
         raise UserError(f"--max-steps {cfg.max_steps} must be positive")
     if cfg.eval_k is not None and cfg.eval_k <= 0:
         raise UserError(f"--eval-k {cfg.eval_k} must be positive")
-    if cfg.method == "eagle3" and cfg.init != "random" and not Path(cfg.init).is_dir():
-        raise UserError(f"--init {cfg.init}: give random or the folder of a trained EAGLE-3 speculator")
+    if cfg.method in ("eagle3", "dflash") and cfg.init != "random" and not Path(cfg.init).is_dir():
+        kind = {"eagle3": "EAGLE-3", "dflash": "DFlash"}[cfg.method]
+        raise UserError(f"--init {cfg.init}: give random or the folder of a trained {kind} speculator")
     if cfg.method == "mtp" and cfg.init not in MTP_INITS and not Path(cfg.init).is_dir():
         raise UserError(
             f"--init {cfg.init}: give random, last_layer, native, or a folder holding an MTP head "

@@ -72,6 +72,24 @@ def test_resume_continues_the_loss_curve_exactly(sharp_target, files, tmp_path):
     assert len(json.loads((b / "draftsmith.json").read_text())["commands"]) == 2
 
 
+def test_init_continues_from_a_trained_speculator(sharp_target, files, tmp_path, capsys):  # noqa: F811
+    """`--init DIR` starts a new schedule from a trained DFlash speculator's weights, so its first
+    step's loss is the trained model's, not a random one's; a shape that differs is refused."""
+    common = [*SMALL, "--batch-tokens", 400, "--lr", 3e-3, "--eval-prompts", 0]
+    first, second, fresh = tmp_path / "first", tmp_path / "second", tmp_path / "fresh"
+    assert main(_args(sharp_target, files, first, *common, "--epochs", 20)) == 0
+    assert main(_args(sharp_target, files, second, *common, "--epochs", 1, "--init", first)) == 0
+    assert main(_args(sharp_target, files, fresh, *common, "--epochs", 1)) == 0
+    trained_loss = sum(r["loss"] for r in _metrics(first)[-3:]) / 3
+    assert _metrics(second)[0]["loss"] < 0.8 * _metrics(fresh)[0]["loss"]
+    assert _metrics(second)[0]["loss"] < 1.5 * trained_loss
+    assert json.loads((second / "draftsmith.json").read_text())["init"] == str(first.resolve())
+    bad = [a if a != 4 else 3 for a in common]  # --block-size 3: not the trained speculator's 4
+    capsys.readouterr()
+    assert main(_args(sharp_target, files, tmp_path / "bad", *bad, "--init", first)) == 2
+    assert "--block-size 4 (this run: 3)" in capsys.readouterr().err
+
+
 def test_offline_features_train_like_online(sharp_target, files, tmp_path):  # noqa: F811
     from draftsmith.cli import main as cli_main
 
@@ -112,6 +130,7 @@ def test_user_errors(sharp_target, files, tmp_path, capsys):  # noqa: F811
     assert "--target-layers" in error(
         _args(sharp_target, files, out, "--target-layers", "0,7", "--eval-prompts", 0)
     )
+    assert "--init" in error(_args(sharp_target, files, out, "--init", tmp_path / "none"))
     common = [*SMALL, "--max-steps", 1, "--eval-prompts", 0, "--batch-tokens", 100]
     assert main(_args(sharp_target, files, out, *common)) == 0
     capsys.readouterr()
