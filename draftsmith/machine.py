@@ -1,4 +1,5 @@
-"""What machine a measurement ran on, recorded next to every result."""
+"""What machine a measurement ran on, recorded next to every result, and what its arithmetic is good
+at (the training dtype `auto` follows it)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ def machine_info() -> dict:
         pass
     info = {
         "cpu": cpu,
+        "native_bf16": cpu_has_native_bf16(cpu_flags()),
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
@@ -28,3 +30,34 @@ def machine_info() -> dict:
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name(0)
     return info
+
+
+# x86 flags of bf16 arithmetic in hardware (Sapphire Rapids' AMX, Cooper Lake's and Zen 4's
+# AVX512-BF16) and aarch64's "bf16" feature. Without one, PyTorch emulates bf16 matrix products:
+# on an AVX2-only EPYC a 2048-token EAGLE-3 training step took 287 s in bf16 against 17 s in fp32.
+_BF16_FLAGS = frozenset({"amx_bf16", "avx512_bf16", "bf16"})
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (x86 "flags", aarch64 "Features"); empty elsewhere."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return set(value.split())
+    except OSError:
+        pass
+    return set()
+
+
+def cpu_has_native_bf16(flags: set[str]) -> bool:
+    return bool(_BF16_FLAGS & flags)
+
+
+def auto_train_dtype(device: torch.device) -> str:
+    """bfloat16 where the device computes it natively, float32 elsewhere (where it is the faster
+    one by far, and never less accurate)."""
+    if device.type == "cuda":
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
+    return "bfloat16" if cpu_has_native_bf16(cpu_flags()) else "float32"

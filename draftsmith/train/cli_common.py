@@ -51,7 +51,13 @@ def add_common_args(
         "--resume", action="store_true", help="continue from OUT/checkpoint exactly where it stopped"
     )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "bfloat16", "float32"],
+        help="bfloat16 autocast or float32; auto: bfloat16 where the device computes it natively "
+        "(a GPU, a CPU with AMX or AVX512-BF16), else float32",
+    )
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
     p.add_argument(
         "--max-steps", type=int, default=None, help="stop after step N (the schedule spans --epochs)"

@@ -41,6 +41,7 @@ from draftsmith.drafters import dflash
 from draftsmith.drafters.eagle3 import Eagle3Model, default_feature_layers, load_eagle3, make_config
 from draftsmith.drafters.mtp import build_head, load_head, save_head
 from draftsmith.errors import UserError
+from draftsmith.machine import auto_train_dtype
 from draftsmith.target.model import FINAL_HIDDEN, load_target, parse_device, parse_dtype
 from draftsmith.train import checkpoint, distributed
 from draftsmith.train.data import draft_vocab, load_conversations, pack, plan_batches, shard, tokenize_dataset
@@ -89,7 +90,7 @@ class TrainConfig:
     save_every: int | None = None  # None = eval_every; 0: only at the end of a run
     resume: bool = False
     seed: int = 0
-    dtype: str = "bfloat16"
+    dtype: str = "auto"  # resolved by `train` to what the device computes natively
     device: str = "cpu"
     max_steps: int | None = None
     progress: bool = True
@@ -158,8 +159,11 @@ def train(cfg: TrainConfig) -> dict:
         # Only when set, so checkpoints written before `--init` existed still resume.
         fingerprint["init"] = cfg.init
     _check_out(cfg, fingerprint)
+    device = parse_device(cfg.device)
+    if cfg.dtype == "auto":
+        cfg.dtype = auto_train_dtype(device)
     parse_dtype(cfg.dtype)
-    world = distributed.init(parse_device(cfg.device))
+    world = distributed.init(device)
     try:
         return _train(cfg, records, fingerprint, world)
     finally:

@@ -314,3 +314,17 @@ def test_user_errors(sharp_target, files, tmp_path, capsys):
     )
     narrow = _args(sharp_target, files, tmp_path / "o3", *common, "--init", out, "--draft-vocab", 7)
     assert "draft vocabulary" in error(narrow)
+
+
+def test_dtype_auto_trains_in_float32_without_native_bf16(sharp_target, files, tmp_path, monkeypatch):
+    from draftsmith import machine
+
+    monkeypatch.setattr(machine, "cpu_flags", lambda: {"avx2", "fma"})
+    args = _args(
+        sharp_target, files, tmp_path / "run", "--max-steps", 1, "--eval-prompts", 0, "--ttt-steps", 2
+    )
+    assert main([*args[: args.index("--dtype")], *args[args.index("--dtype") + 2 :], "--dtype", "auto"]) == 0
+    info = json.loads((tmp_path / "run" / "draftsmith.json").read_text())
+    assert info["train"]["dtype"] == "float32"
+    w = load_file(str(tmp_path / "run" / "model.safetensors"))
+    assert w["fc.weight"].dtype == torch.float32
