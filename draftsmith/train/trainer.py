@@ -358,13 +358,18 @@ def _eagle3_init(path: str, config, target) -> Eagle3Model:
             "draft vocabulary": config.draft_vocab_size, "hidden size": config.hidden_size}  # fmt: skip
     have = {"feature layers": model.feature_layers, "draft vocabulary": model.config.draft_vocab_size,
             "hidden size": model.config.hidden_size}  # fmt: skip
+    _check_init_shape(path, have, want, "pass the --draft-vocab it was trained with")
+    return model.train()
+
+
+def _check_init_shape(path: str, have: dict, want: dict, fix: str) -> None:
+    """One line naming every way the `--init` speculator differs from what this run builds."""
     diff = [f"{k} {have[k]} (this run: {want[k]})" for k in want if have[k] != want[k]]
     if diff:
         raise UserError(
             f"--init {path}: the speculator there differs from this run: {'; '.join(diff)}; "
-            "pass the --draft-vocab it was trained with, or use a speculator made for this target"
+            f"{fix}, or use a speculator made for this target"
         )
-    return model.train()
 
 
 class _DFlash:
@@ -439,21 +444,14 @@ def _dflash_init(path: str, config, embed, head) -> dflash.DFlashModel:
     shape must be the one this run's flags ask for: a silent switch to the checkpoint's block size
     or layers would make the run's flags lie about what it trained."""
     model = dflash.load_dflash(path, embed, head, torch.float32)
-    c, mine = model.config, config
 
-    def shape(cfg) -> dict:
-        d = cfg.dflash_config
-        return {"--layers": cfg.num_hidden_layers, "--block-size": d["block_size"],
+    def shape(c) -> dict:
+        d = c.dflash_config
+        return {"--layers": c.num_hidden_layers, "--block-size": d["block_size"],
                 "--target-layers": d["target_layer_ids"], "--mask-token-id": d["mask_token_id"],
-                "hidden size": cfg.hidden_size}  # fmt: skip
+                "hidden size": c.hidden_size}  # fmt: skip
 
-    have, want = shape(c), shape(mine)
-    diff = [f"{k} {have[k]} (this run: {want[k]})" for k in want if have[k] != want[k]]
-    if diff:
-        raise UserError(
-            f"--init {path}: the speculator there differs from this run: {'; '.join(diff)}; "
-            "pass the flags it was trained with, or use a speculator made for this target"
-        )
+    _check_init_shape(path, shape(model.config), shape(config), "pass the flags it was trained with")
     return model.train()
 
 
