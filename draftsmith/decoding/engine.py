@@ -311,7 +311,7 @@ def _prefill(
         dest = [slots[i] for i in group]
         rows = None if dest == list(range(cache.batch)) else torch.tensor(dest)
         out = target.forward(cache, ids, rows=rows, logit_index=lens[idx] - 1, feature_layers=feature_layers)
-        logits[idx] = out.logits[:, 0]
+        logits[idx] = out.logits[:, 0].to(logits.device)  # kept on the host, where rows pick tokens
         if out.features is not None:
             if feats is None:
                 feats = out.features.new_zeros(len(prompts), int(lens.max()), *out.features.shape[2:])

@@ -63,6 +63,13 @@ def add_common_args(
         "--max-steps", type=int, default=None, help="stop after step N (the schedule spans --epochs)"
     )
     p.add_argument(
+        "--time-budget",
+        type=float,
+        default=None,
+        help="seconds of training (evaluations and checkpoints included): the schedule anneals to 0 "
+        "and the run ends when they are spent or the epochs are done, whichever comes first",
+    )
+    p.add_argument(
         "--features", default=None, help="offline features from `draftsmith data features` (default: online)"
     )
     p.add_argument("--no-progress", action="store_true")
@@ -72,7 +79,7 @@ def common_config(args: argparse.Namespace) -> dict:
     """TrainConfig keyword arguments from the shared flags."""
     names = ("target", "data", "out", "epochs", "lr", "batch_tokens", "max_len", "warmup_ratio",
              "grad_clip", "eval_every", "eval_workload", "eval_prompts", "eval_max_new_tokens", "eval_k",
-             "save_every", "resume", "seed", "dtype", "device", "max_steps", "features")  # fmt: skip
+             "save_every", "resume", "seed", "dtype", "device", "max_steps", "time_budget", "features")  # fmt: skip
     return {n: getattr(args, n) for n in names} | {
         "progress": not args.no_progress,
         "command": getattr(args, "command_line", None) or shlex.join(["draftsmith", *sys.argv[1:]]),

@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from draftsmith.drafters.dflash import DFlashModel
+from draftsmith.train.soft_ce import chunk_rows
 
 ATTENTION_CHUNK = 512  # query tokens per attention chunk
 
@@ -231,8 +232,9 @@ class _WeightedCrossEntropy(torch.autograd.Function):
         gx = torch.empty(n, x.shape[1], dtype=torch.float32, device=x.device)
         argmax = torch.empty(n, dtype=torch.long, device=x.device)
         with torch.autocast(dev, enabled=False):
-            for i in range(0, n, _WeightedCrossEntropy.CHUNK):
-                j = min(i + _WeightedCrossEntropy.CHUNK, n)
+            step = chunk_rows(x, _WeightedCrossEntropy.CHUNK)
+            for i in range(0, n, step):
+                j = min(i + step, n)
                 z = (xs[i:j] @ W.t()).float()  # [c, V]
                 lse = torch.logsumexp(z, -1)
                 ce[i:j] = lse - z.gather(1, labels[i:j, None]).squeeze(1)

@@ -15,6 +15,11 @@ numbers (EAGLE-3 and MTP: the unrolled steps; DFlash: the B-1 block slots) in th
 Choices worth knowing:
 - The learning-rate schedule (linear warmup, cosine to 0) spans all `epochs`; `max_steps` only
   stops early, as an interruption would, so `--max-steps k` then `--resume` equals one run.
+- `time_budget` (seconds of training wall time, evaluations and checkpoints included) is for a
+  machine held for a fixed time, as a leased GPU is: the schedule's progress is then whichever is
+  further along, steps over all planned steps or wall time over the budget, and the run ends when
+  either reaches 1, with the learning rate annealed to 0 on time. The step count then depends on
+  the machine's speed, so such a run is not step-for-step reproducible.
 - Draft weights are fp32 master weights; with bfloat16 the step runs under CPU/CUDA autocast and
   the target runs in bf16. The target (and so the shared embedding) is frozen: it is not in the
   optimizer and runs in inference mode.
@@ -93,6 +98,7 @@ class TrainConfig:
     dtype: str = "auto"  # resolved by `train` to what the device computes natively
     device: str = "cpu"
     max_steps: int | None = None
+    time_budget: float | None = None  # seconds; None = the schedule is steps alone
     progress: bool = True
     command: str = ""
     extra: dict = field(default_factory=dict)  # anything else to record in draftsmith.json
@@ -120,6 +126,20 @@ def lr_at(step: int, total: int, warmup: int, base: float) -> float:
         return base * (step + 1) / warmup
     progress = (step - warmup) / max(1, total - warmup)
     return base * 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def lr_at_progress(progress: float, warmup_ratio: float, base: float) -> float:
+    """The same shape over a progress fraction: linear warmup to `base` over the first
+    `warmup_ratio`, then cosine to 0 at progress 1 (a time-budgeted run's schedule).
+
+    >>> [round(lr_at_progress(p, 0.1, 1.0), 3) for p in (0.05, 0.1, 0.55, 1.0)]
+    [0.5, 1.0, 0.5, 0.0]
+    """
+    progress = min(max(progress, 0.0), 1.0)
+    if progress < warmup_ratio:
+        return base * progress / warmup_ratio
+    rest = (progress - warmup_ratio) / max(1e-12, 1.0 - warmup_ratio)
+    return base * 0.5 * (1.0 + math.cos(math.pi * rest))
 
 
 def feature_layers(num_layers: int) -> list[int]:
@@ -224,10 +244,20 @@ def _train(cfg: TrainConfig, records: list[dict], fingerprint: dict, world: dist
     bar = tqdm(
         total=stop, initial=step, unit="step", disable=not (main and cfg.progress), desc=f"train {cfg.method}"
     )
+    last_dt = 0.0
     while step < stop:
         t0 = time.perf_counter()
         planned = plan[step]
-        lr = lr_at(step, total, warmup, cfg.lr)
+        if cfg.time_budget:
+            # Where the schedule will stand once this step is done; ranks agree on their mean clock.
+            now = wall_before + time.perf_counter() - began + last_dt
+            wall = float(distributed.all_sum(world, torch.tensor([now], dtype=torch.float64))[0])
+            at_end = max((step + 1) / total, wall / world.size / cfg.time_budget)
+            lr = lr_at_progress(at_end, cfg.warmup_ratio, cfg.lr)
+            if at_end >= 1.0:
+                stop = step + 1  # the last step: evaluate and save after it
+        else:
+            lr = lr_at(step, total, warmup, cfg.lr)
         for group in optimizer.param_groups:
             group["lr"] = lr
 
@@ -239,7 +269,7 @@ def _train(cfg: TrainConfig, records: list[dict], fingerprint: dict, world: dist
         optimizer.zero_grad(set_to_none=True)
         g = distributed.all_sum(world, local)  # [loss, step_loss x S, correct x S, counts x S, tokens]
         step += 1
-        dt = time.perf_counter() - t0
+        dt = last_dt = time.perf_counter() - t0
 
         # ---- metrics, held-out tau, checkpoint (rank 0) ----------------------------------------
         S = cfg.positions
@@ -590,6 +620,8 @@ def _check_args(cfg: TrainConfig) -> None:
         raise UserError(f"--warmup-ratio {cfg.warmup_ratio} must be in [0, 1)")
     if cfg.max_steps is not None and cfg.max_steps <= 0:
         raise UserError(f"--max-steps {cfg.max_steps} must be positive")
+    if cfg.time_budget is not None and not cfg.time_budget > 0:
+        raise UserError(f"--time-budget {cfg.time_budget} must be a positive number of seconds")
     if cfg.eval_k is not None and cfg.eval_k <= 0:
         raise UserError(f"--eval-k {cfg.eval_k} must be positive")
     if cfg.method in ("eagle3", "dflash") and cfg.init != "random" and not Path(cfg.init).is_dir():

@@ -170,6 +170,25 @@ def test_resume_continues_the_loss_curve_exactly(sharp_target, files, tmp_path):
     assert len(json.loads((b / "draftsmith.json").read_text())["commands"]) == 2
 
 
+def test_time_budget_anneals_and_ends_on_time(sharp_target, files, tmp_path, monkeypatch):
+    """`--time-budget`: the run stops when the budget is spent, long before its epochs are done, and
+    its learning rate has reached 0 by then. A fake clock that gains one second per reading makes
+    the spending deterministic."""
+    clock = iter(range(10**9))
+    monkeypatch.setattr("draftsmith.train.trainer.time.perf_counter", lambda: float(next(clock)))
+    out = tmp_path / "timed"
+    common = ["--epochs", 1000, "--batch-tokens", 120, "--lr", 2e-3, "--ttt-steps", 2, "--eval-prompts", 0]
+    assert main(_args(sharp_target, files, out, *common, "--time-budget", 60, "--warmup-ratio", 0.1)) == 0
+    m = _metrics(out)
+    lrs = [r["lr"] for r in m]
+    assert 5 < len(m) < 100, len(m)  # about 60 s of fake clock, a few readings per step
+    assert lrs[-1] == 0.0 and max(lrs) > 1e-3
+    peak = lrs.index(max(lrs))
+    assert all(a >= b for a, b in zip(lrs[peak:], lrs[peak + 1 :], strict=False))  # cosine after warmup
+    info = json.loads((out / "draftsmith.json").read_text())
+    assert info["steps"] == len(m) and info["train"]["time_budget"] == 60
+
+
 def test_init_continues_from_a_trained_speculator(sharp_target, files, tmp_path):
     """`--init DIR` starts a new schedule from a trained speculator: its weights and its draft
     vocabulary, so the first step's loss is the trained model's, not a random one's."""
@@ -302,6 +321,7 @@ def test_user_errors(sharp_target, files, tmp_path, capsys):
     assert "line 2" in error(_args(sharp_target, {**files, "data": str(tmp_path / "bad.jsonl")}, out))
     assert "holds no checkpoint" in error(_args(sharp_target, files, out, "--resume"))
     assert "--lr" in error(_args(sharp_target, files, out, "--lr", 0))
+    assert "--time-budget" in error(_args(sharp_target, files, out, "--time-budget", 0))
 
     common = ["--max-steps", 1, "--eval-prompts", 0, "--ttt-steps", 1, "--batch-tokens", 100]
     assert main(_args(sharp_target, files, out, *common)) == 0
