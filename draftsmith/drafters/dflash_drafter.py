@@ -15,6 +15,10 @@ block size it was trained with, as a shorter block would change what the slots s
 Draft tokens are the argmax and the draft is deterministic (`probs=None`, a one-hot q): at
 temperature > 0 verification then accepts x with probability p(x) and resamples from p with x
 removed, which is exact (see `decoding/verify.py`).
+
+`dflash:PATH:min_prob=P` cuts the block at the first slot whose argmax has a draft probability
+below P, so verification is not spent on slots the draft does not believe in; the cut depends on
+the draft alone, so it stays exact.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import torch
 
 from draftsmith.drafters.base import Draft
 from draftsmith.drafters.dflash import DFlashModel, load_dflash
-from draftsmith.drafters.registry import register
+from draftsmith.drafters.registry import check_probability, register, split_path_options
 from draftsmith.errors import UserError
 
 
@@ -65,6 +69,7 @@ class DFlashDrafter:
         self.device, self.dtype = p.device, p.dtype
         self.ctx = _ContextKV(self.model, self.device, self.dtype)
         self.last: int | None = None  # the last committed token: the block's first slot
+        self.min_prob = factory.min_prob
 
     def start(self, prompt_ids: list[int], features: torch.Tensor | None) -> None:
         self.last = prompt_ids[-1]
@@ -99,7 +104,12 @@ class DFlashDrafter:
         if self.last is None or k <= 0 or self.ctx.length == 0:
             return Draft(tokens=[])
         logits = self.block_logits()[:k]
-        return Draft(tokens=logits.argmax(-1).tolist())
+        if not self.min_prob:
+            return Draft(tokens=logits.argmax(-1).tolist())
+        confidence, tokens = torch.softmax(logits.float(), -1).max(-1)
+        low = (confidence < self.min_prob).nonzero()
+        keep = int(low[0]) if len(low) else len(tokens)
+        return Draft(tokens=tokens[:keep].tolist())
 
 
 class DFlashFactory:
@@ -107,8 +117,9 @@ class DFlashFactory:
 
     name = "dflash"
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, min_prob: float = 0.0) -> None:
         self.path = path
+        self.min_prob = min_prob  # blocks are cut at the first slot the model gives less
         self.model: DFlashModel | None = None
         self.needs_features: tuple[int, ...] = ()
 
@@ -139,6 +150,8 @@ class DFlashFactory:
 
 @register("dflash")
 def build(arg: str | None) -> DFlashFactory:
+    """`dflash:PATH[:min_prob=0]`: one block per step, cut at the first slot below min_prob."""
     if not arg:
-        raise UserError("dflash needs a checkpoint: use dflash:PATH")
-    return DFlashFactory(arg)
+        raise UserError("dflash needs a checkpoint: use dflash:PATH[:min_prob=P]")
+    path, o = split_path_options(arg, {"min_prob": 0.0})
+    return DFlashFactory(path, min_prob=check_probability("min_prob", o["min_prob"]))

@@ -12,6 +12,11 @@ overwritten next time (the same zero-copy rollback as the target's cache).
 
 Draft probabilities q are the draft model's softmax mapped onto the target vocabulary, so
 verification at temperature > 0 uses min(1, p/q) and stays exact.
+
+`eagle3:PATH:min_prob=P` ends a chain where the draft distribution's top probability falls below
+P (possibly before the first token): a weak draft then spends neither draft steps nor verification
+width on tokens it does not believe in. The cut depends on the draft distribution alone, never on
+the sampled token or the target, so each drafted token is still x ~ q and verification stays exact.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import torch
 from draftsmith.decoding.sampling import draft_generator
 from draftsmith.drafters.base import Draft
 from draftsmith.drafters.eagle3 import Eagle3Model, load_eagle3
-from draftsmith.drafters.registry import parse_options, register
+from draftsmith.drafters.registry import check_probability, register, split_path_options
 from draftsmith.errors import UserError
 from draftsmith.target.gemv import use_gemv
 
@@ -109,11 +114,17 @@ class Eagle3Drafter:
         qs: list[torch.Tensor] = []
         for i in range(k):
             if self.f.sampling:
-                # Exact speculative sampling needs x ~ q, so sample rather than take the argmax.
                 q = torch.softmax(logits.float() / self.f.temperature, -1)
+                # The cut looks at q's top probability, never at the sampled token: cutting on q(x)
+                # would leave x distributed as q truncated, and verification against q inexact.
+                if float(q.max()) < self.f.min_prob:
+                    break
+                # Exact speculative sampling needs x ~ q, so sample rather than take the argmax.
                 draft_id = int(torch.multinomial(q.cpu(), 1, generator=self.gen))
                 qs.append(q)
             else:
+                if self.f.min_prob and float(torch.softmax(logits.float(), -1).max()) < self.f.min_prob:
+                    break
                 draft_id = int(logits.argmax())
             tokens.append(int(d2t[draft_id]))
             if i == k - 1:
@@ -213,8 +224,9 @@ class Eagle3Factory:
 
     name = "eagle3"
 
-    def __init__(self, path: str, tree: tuple[int, int] | None = None) -> None:
+    def __init__(self, path: str, tree: tuple[int, int] | None = None, min_prob: float = 0.0) -> None:
         self.path = path
+        self.min_prob = min_prob  # chains end at the first draft token the model gives less
         self.tree = None if tree is None else (tree[0], tree[1])  # (topk per depth, tree size)
         self.max_draft_tokens = 0 if tree is None else tree[1]
         self.model: Eagle3Model | None = None
@@ -258,9 +270,11 @@ class Eagle3Factory:
 
 @register("eagle3")
 def build(arg: str | None) -> Eagle3Factory:
+    """`eagle3:PATH[:min_prob=0]`: a chain of up to k tokens, cut at the first one below min_prob."""
     if not arg:
-        raise UserError("eagle3 needs a checkpoint: use eagle3:PATH")
-    return Eagle3Factory(arg)
+        raise UserError("eagle3 needs a checkpoint: use eagle3:PATH[:min_prob=P]")
+    path, o = split_path_options(arg, {"min_prob": 0.0})
+    return Eagle3Factory(path, min_prob=check_probability("min_prob", o["min_prob"]))
 
 
 @register("eagle3-tree")
@@ -268,11 +282,7 @@ def build_tree(arg: str | None) -> Eagle3Factory:
     """`eagle3-tree:PATH[:topk=8][:size=60]`: EAGLE-2 dynamic trees of depth k."""
     if not arg:
         raise UserError("eagle3-tree needs a checkpoint: use eagle3-tree:PATH[:topk=8][:size=60]")
-    parts = arg.split(":")
-    opts = []
-    while len(parts) > 1 and "=" in parts[-1]:
-        opts.insert(0, parts.pop())
-    o = parse_options(":".join(opts) or None, {"topk": 8, "size": 60})
+    path, o = split_path_options(arg, {"topk": 8, "size": 60})
     if o["topk"] < 1 or o["size"] < 1:
         raise UserError("eagle3-tree options topk and size must be positive")
-    return Eagle3Factory(":".join(parts), tree=(int(o["topk"]), int(o["size"])))
+    return Eagle3Factory(path, tree=(int(o["topk"]), int(o["size"])))

@@ -76,3 +76,20 @@ def parse_options(arg: str | None, defaults: dict[str, int | float]) -> dict[str
         except ValueError:
             raise UserError(f"bad drafter option '{part}': {key} must be a {kind.__name__}") from None
     return opts
+
+
+def split_path_options(arg: str, defaults: dict[str, int | float]) -> tuple[str, dict[str, int | float]]:
+    """'out/d:topk=4:size=20' -> ('out/d', {...}): trailing `key=value` parts are options, the rest
+    is the checkpoint path (which may itself hold ':')."""
+    parts = arg.split(":")
+    opts: list[str] = []
+    while len(parts) > 1 and "=" in parts[-1]:
+        opts.insert(0, parts.pop())
+    return ":".join(parts), parse_options(":".join(opts) or None, defaults)
+
+
+def check_probability(name: str, value: float) -> float:
+    """A drafter option that must lie in [0, 1]; anything else is a user error."""
+    if not 0.0 <= value <= 1.0:
+        raise UserError(f"drafter option {name}={value} must be a probability between 0 and 1")
+    return float(value)

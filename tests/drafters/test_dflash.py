@@ -90,6 +90,24 @@ def test_shorter_k_is_a_prefix_of_the_block(tmp_path):
     assert drafts[1][:2] == drafts[0]
 
 
+def test_min_prob_cuts_the_block_at_the_first_unsure_slot(tmp_path):
+    t = tiny_target("llama")
+    make_drafter(t, tmp_path / "d", block_size=8)
+    prompt = random_prompts(1, seed=5)[0]
+    blocks = {}
+    for p in (0.0, 0.5, 1.0):
+        f = registry.build(f"dflash:{tmp_path / 'd'}:min_prob={p}")
+        f.bind(t, SamplingParams())
+        d = f()
+        d.start(prompt, _features(t, prompt, f.needs_features))
+        blocks[p] = d.propose(7).tokens
+        if p == 0.0:
+            confidence = torch.softmax(d.block_logits().float(), -1).max(-1).values
+    assert len(blocks[0.0]) == 7 and blocks[1.0] == []
+    first_low = next((i for i, c in enumerate(confidence.tolist()) if c < 0.5), 7)
+    assert blocks[0.5] == blocks[0.0][:first_low]
+
+
 @pytest.mark.parametrize("kind", ["llama", "qwen3", "qwen3_5"])
 @pytest.mark.parametrize("k", [2, 15])
 def test_greedy_with_dflash_equals_plain(tmp_path, kind, k):

@@ -110,7 +110,43 @@ def test_greedy_with_eagle3_equals_plain(tmp_path, kind, k):
     assert [r.token_ids for r in out] == [r.token_ids for r in ar]
 
 
-def test_sampling_with_eagle3_keeps_target_law(tmp_path):
+def test_min_prob_cuts_the_chain_to_a_prefix(tmp_path):
+    t = tiny_target("llama")
+    m = _make_drafter(t, tmp_path / "d")
+    with torch.no_grad():
+        m.lm_head.weight.mul_(6.0)  # sharper draft distributions, so confidences spread over (0, 1)
+    m.save(tmp_path / "d")
+    prompt = random_prompts(1, seed=3)[0]
+    with torch.no_grad():
+        hs = t.model(input_ids=torch.tensor([prompt]), output_hidden_states=True).hidden_states
+    chains = {}
+    for p in (0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0):
+        f = registry.build(f"eagle3:{tmp_path / 'd'}:min_prob={p}")
+        f.bind(t, SamplingParams())
+        d = f()
+        d.start(prompt, torch.stack([hs[i + 1][0] for i in f.needs_features], dim=1))
+        chains[p] = d.propose(6).tokens
+    assert len(chains[0.0]) == 6 and chains[1.0] == []
+    lengths = [len(c) for c in chains.values()]
+    assert lengths == sorted(lengths, reverse=True) and len(set(lengths)) > 2  # the cut moves with P
+    assert all(c == chains[0.0][: len(c)] for c in chains.values())
+    with pytest.raises(UserError, match="probability"):
+        registry.build(f"eagle3:{tmp_path / 'd'}:min_prob=1.5")
+
+
+@pytest.mark.parametrize("min_prob", [0.0, 0.3])
+def test_greedy_with_eagle3_cut_by_confidence_equals_plain(tmp_path, min_prob):
+    t = tiny_target("qwen3")
+    _make_drafter(t, tmp_path / "d")
+    prompts = random_prompts(3, seed=11)
+    ar = generate(t, None, prompts, max_new_tokens=20)
+    f = registry.build(f"eagle3:{tmp_path / 'd'}:min_prob={min_prob}")
+    out = generate(t, f, prompts, k=5, max_new_tokens=20)
+    assert [r.token_ids for r in out] == [r.token_ids for r in ar]
+
+
+@pytest.mark.parametrize("options", ["", ":min_prob=0.17"])
+def test_sampling_with_eagle3_keeps_target_law(tmp_path, options):
     vocab = 12
     t = tiny_target("llama", seed=3, scale=8.0, vocab=vocab)
     torch.manual_seed(0)
@@ -122,17 +158,23 @@ def test_sampling_with_eagle3_keeps_target_law(tmp_path):
     rows = 2000
     spec = generate(
         t,
-        registry.build(f"eagle3:{tmp_path / 'd'}"),
+        registry.build(f"eagle3:{tmp_path / 'd'}{options}"),
         [prompt] * rows,
         k=3,
         sampling=sampling,
-        max_new_tokens=2,
+        max_new_tokens=4,
     )
+    # The rows share one batch's stats. A row drafts 2 tokens, then 1 more unless both were accepted
+    # (2 to 3 per row uncut); the cut where max q < 0.17 drops most, and some drafts are accepted either way.
+    stats = spec[0].stats
+    drafted = stats.draft_tokens / rows
+    assert stats.tau > 1.0
+    assert 2.0 <= drafted <= 3.0 if not options else 0.3 < drafted < 1.5
     plain = generate(
-        t, None, [prompt] * rows, sampling=SamplingParams(temperature=1.0, seed=99), max_new_tokens=2
+        t, None, [prompt] * rows, sampling=SamplingParams(temperature=1.0, seed=99), max_new_tokens=4
     )
     # Tolerance: two independent samples of 2000 over 12 outcomes differ by TV ~0.05 on average.
-    for pos in range(2):
+    for pos in range(4):
         a = torch.bincount(torch.tensor([r.token_ids[pos] for r in spec]), minlength=vocab).float() / rows
         b = torch.bincount(torch.tensor([r.token_ids[pos] for r in plain]), minlength=vocab).float() / rows
         assert 0.5 * float((a - b).abs().sum()) < 0.09
