@@ -46,6 +46,13 @@ def _match(row: dict) -> str:
     return "-" if row.get("match_rate") is None else f"{row['match_rate']:.2f}"
 
 
+def _label(method: str) -> str:
+    """'eagle3-tree:speculators/x:topk=8:size=32@4' -> 'eagle3-tree topk=8 size=32': the drafter and
+    its options, without the path (the card is about that folder)."""
+    name, _, rest = method_k(method, 0)[0].partition(":")
+    return " ".join([name, *(part for part in rest.split(":") if "=" in part)])
+
+
 def _article(word: str) -> str:
     return "An" if word[0] in "AEIOUM" else "A"
 
@@ -75,7 +82,10 @@ def card(folder: Path, benches: list[Path], data_note: str) -> str:
     ]
     for key in ("draft_vocab_size", "feature_layers", "block_size", "init", "ttt_steps"):
         if rec.get(key) is not None:
-            lines.append(f"- {key}: {rec[key]}")
+            value = rec[key]
+            if key == "init" and os.path.isabs(str(value)):
+                value = os.path.relpath(value)
+            lines.append(f"- {key}: {value}")
     lines += [
         "",
         "## Data",
@@ -110,7 +120,7 @@ def card(folder: Path, benches: list[Path], data_note: str) -> str:
         for run, r, ar in rows:
             lines.append(
                 f"| {run['workload']} ({run['num_prompts']}) | {run['temperature']} | {run['dtype']} "
-                f"| {r['method'].split(':')[0]} (k={r.get('k', run['k'])}) | {r['tau']:.2f} | {r['decode_tok_s']:.1f} "
+                f"| {_label(r['method'])} (k={r.get('k', run['k'])}) | {r['tau']:.2f} | {r['decode_tok_s']:.1f} "
                 f"| {ar['decode_tok_s']:.1f} | {r['speedup']:.2f}x | {_match(r)} |"
             )
         lines.append("")
