@@ -119,7 +119,8 @@ def test_greedy_with_dflash_equals_plain(tmp_path, kind, k):
     assert [r.token_ids for r in out] == [r.token_ids for r in ar]
 
 
-def test_sampling_with_dflash_keeps_target_law(tmp_path):
+@pytest.mark.parametrize("options", ["", ":min_prob=0.4"])
+def test_sampling_with_dflash_keeps_target_law(tmp_path, options):
     vocab = 12
     t = tiny_target("llama", seed=3, scale=8.0, vocab=vocab)
     torch.manual_seed(0)
@@ -131,7 +132,7 @@ def test_sampling_with_dflash_keeps_target_law(tmp_path):
     rows = 2000
     spec = generate(
         t,
-        registry.build(f"dflash:{tmp_path / 'd'}"),
+        registry.build(f"dflash:{tmp_path / 'd'}{options}"),
         [prompt] * rows,
         k=3,
         sampling=SamplingParams(temperature=1.0, seed=7),
@@ -141,6 +142,9 @@ def test_sampling_with_dflash_keeps_target_law(tmp_path):
         t, None, [prompt] * rows, sampling=SamplingParams(temperature=1.0, seed=99), max_new_tokens=3
     )
     assert spec[0].stats.tau > 1.0  # some drafts were accepted, so the accept path is exercised
+    # Each row drafts one token (the budget leaves room for one); the cut at max q < 0.4 drops some.
+    drafted = spec[0].stats.draft_tokens / rows
+    assert drafted == 1.0 if not options else 0.1 < drafted < 0.9
     # Tolerance: two independent samples of 2000 over 12 outcomes differ by TV ~0.05 on average.
     for pos in range(3):
         a = torch.bincount(torch.tensor([r.token_ids[pos] for r in spec]), minlength=vocab).float() / rows
