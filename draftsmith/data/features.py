@@ -149,17 +149,11 @@ def write_features(
 def target_features(target, examples, layers: list[int]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Per example: features [n, K, H] and the final normed hidden state [n, H], on the CPU."""
     from draftsmith.train.data import pack
-    from draftsmith.train.target_pass import can_pack, packed_mask
+    from draftsmith.train.target_pass import can_pack, packed_forward
 
     max_len = max(len(ex.input_ids) for ex in examples)
     batch = pack(examples, max_len, packing=can_pack(target)).to(target.device)
-    out = target.base(
-        input_ids=batch.input_ids,
-        attention_mask=packed_mask(target, batch.segments),
-        position_ids=batch.positions,
-        output_hidden_states=True,
-        use_cache=False,
-    )
+    out = packed_forward(target, target.base, batch)
     feats = torch.stack([out.hidden_states[i + 1] for i in layers], dim=2)  # [b, T, K, H]
     final = out.last_hidden_state  # after the final norm, what the LM head reads
     per_f: list[torch.Tensor] = [torch.empty(0)] * len(examples)

@@ -9,6 +9,13 @@ place.
 
 Registered under a name of our own and switched on only for the engine's forwards (see
 `Target.forward`), so peers that call `model.generate` still measure stock transformers.
+
+`packed_sdpa` serves training forwards over packed rows (several examples back to back, see
+`train/target_pass.py`): given each row's example runs it attends causally inside each example
+only, so the work is sum(L_i^2) instead of T^2 for a row of length T. On a 2-core CPU a 2,000-token
+row of ~400-token examples spent 2.0 of its 3.7 s in a masked T x T attention; per example the
+attention is about 5x cheaper and the result is the same, since the block-diagonal mask only ever
+let a query see its own example.
 """
 
 from __future__ import annotations
@@ -49,5 +56,41 @@ def gqa_sdpa(
     return out.transpose(1, 2).contiguous(), None
 
 
+def packed_sdpa(
+    module: torch.nn.Module,
+    query: torch.Tensor,  # [b, heads, T, dim]
+    key: torch.Tensor,  # [b, kv_heads, T, dim]
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,  # the block-diagonal [b, 1, T, T] mask; unused with runs
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    packed_runs: list[list[tuple[int, int]]] | None = None,  # per row, (start, end) of each example
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """Causal attention inside each (start, end) run of each row; without runs, `gqa_sdpa`."""
+    if packed_runs is None:
+        return gqa_sdpa(module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs)
+    if kwargs.get("softcap") is not None:
+        raise NotImplementedError("attention logit soft-capping is not supported by the draftsmith kernel")
+    gqa = key.shape[1] != query.shape[1]
+    out = torch.empty_like(query)
+    for r, runs in enumerate(packed_runs):
+        for a, e in runs:
+            out[r : r + 1, :, a:e] = F.scaled_dot_product_attention(
+                query[r : r + 1, :, a:e],
+                key[r : r + 1, :, a:e],
+                value[r : r + 1, :, a:e],
+                scale=scaling,
+                is_causal=True,
+                enable_gqa=gqa,
+            )
+    return out.transpose(1, 2).contiguous(), None
+
+
+PACKED_NAME = "draftsmith_packed_sdpa"
+
 AttentionInterface.register(NAME, gqa_sdpa)
 AttentionMaskInterface.register(NAME, sdpa_mask)
+AttentionInterface.register(PACKED_NAME, packed_sdpa)
+AttentionMaskInterface.register(PACKED_NAME, sdpa_mask)

@@ -199,3 +199,17 @@ def pack(examples: list[Example], max_len: int, packing: bool = True) -> Packed:
             out.positions[b, at : at + n] = torch.arange(n)
             at += n
     return out
+
+
+def segment_runs(segments: torch.Tensor) -> list[list[tuple[int, int]]]:
+    """Per row of a packed [b, T] batch, the (start, end) column ranges of its examples in order,
+    covering the row (a padding run, segment -1, is one more range).
+
+    >>> segment_runs(torch.tensor([[0, 0, 1, -1], [2, 2, 2, 2]]))
+    [[(0, 2), (2, 3), (3, 4)], [(0, 4)]]
+    """
+    out = []
+    for row in segments.tolist():
+        cuts = [0] + [t for t in range(1, len(row)) if row[t] != row[t - 1]] + [len(row)]
+        out.append(list(zip(cuts[:-1], cuts[1:], strict=True)))
+    return out

@@ -44,6 +44,7 @@ import torch
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from draftsmith.drafters.eagle3 import Eagle3Model
+from draftsmith.train.data import segment_runs
 from draftsmith.train.soft_ce import soft_cross_entropy
 
 DECAY = 0.8
@@ -186,16 +187,6 @@ def _shift(x: torch.Tensor, n: int, fill: int) -> torch.Tensor:
     out = x.new_full(x.shape, fill)
     if n < x.shape[1]:
         out[:, : x.shape[1] - n] = x[:, n:]
-    return out
-
-
-def segment_runs(segments: torch.Tensor) -> list[list[tuple[int, int]]]:
-    """Per row of a packed [b, T] batch, the (start, end) column ranges of its examples in order,
-    covering the row (a padding run, segment -1, is one more range)."""
-    out = []
-    for row in segments.tolist():
-        cuts = [0] + [t for t in range(1, len(row)) if row[t] != row[t - 1]] + [len(row)]
-        out.append(list(zip(cuts[:-1], cuts[1:], strict=True)))
     return out
 
 

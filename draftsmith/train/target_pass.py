@@ -4,7 +4,9 @@ drafter's feature layers and the next-token logits at every position of packed r
 Packed rows need a block-diagonal causal mask and positions restarting per example; transformers
 takes a 4D boolean mask as-is (and a dict of them, per layer type, for models that mix full and
 sliding-window attention). Linear-attention layers get no mask: the data side never packs such
-targets (one example per row, right padding, which a recurrent state never reads back).
+targets (one example per row, right padding, which a recurrent state never reads back). Where every
+layer is full attention, `packed_forward` runs the target with a kernel that attends inside each
+example only (`target.attention.packed_sdpa`): the same result at a fraction of the T x T work.
 
 This module knows the HF forward and the feature-layer convention (layer id i = hidden_states[i+1];
 `FINAL_HIDDEN` = the state after the final norm, which the LM head reads and MTP heads are fed). It
@@ -16,8 +18,9 @@ from __future__ import annotations
 import torch
 
 from draftsmith.errors import UserError
+from draftsmith.target import attention
 from draftsmith.target.model import FINAL_HIDDEN, Target
-from draftsmith.train.data import Packed
+from draftsmith.train.data import Packed, segment_runs
 
 
 def can_pack(target: Target) -> bool:
@@ -45,6 +48,29 @@ def packed_mask(target: Target, segments: torch.Tensor):
     return masks
 
 
+def packed_forward(target: Target, module: torch.nn.Module, batch: Packed, hidden_states: bool = True):
+    """`module` (the target's `model` for logits, or its decoder `base`) over the packed rows of
+    `batch`, without a cache. Call it in inference mode."""
+    kwargs = {}
+    stock = target.config._attn_implementation
+    per_example = set(target.layer_types) == {"full_attention"} and stock in ("sdpa", None)
+    if per_example:
+        kwargs["packed_runs"] = segment_runs(batch.segments)
+    try:
+        if per_example:
+            target.config._attn_implementation_internal = attention.PACKED_NAME
+        return module(
+            input_ids=batch.input_ids,
+            attention_mask=packed_mask(target, batch.segments),
+            position_ids=batch.positions,
+            output_hidden_states=hidden_states,
+            use_cache=False,
+            **kwargs,
+        )
+    finally:
+        target.config._attn_implementation_internal = stock
+
+
 def target_pass(
     target: Target, batch: Packed, feature_layers: list[int]
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,13 +85,7 @@ def target_pass(
 
 @torch.inference_mode()
 def _forward(target: Target, batch: Packed, feature_layers: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    out = target.model(
-        input_ids=batch.input_ids,
-        attention_mask=packed_mask(target, batch.segments),
-        position_ids=batch.positions,
-        output_hidden_states=True,
-        use_cache=False,
-    )
+    out = packed_forward(target, target.model, batch)
     feats = torch.stack([_hidden(out.hidden_states, i) for i in feature_layers], dim=2)
     return feats, out.logits
 

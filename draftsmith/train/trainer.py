@@ -55,7 +55,7 @@ from draftsmith.train.eagle3_objective import TargetSignal, count_positions, ttt
 from draftsmith.train.evaluate import eval_prompts, measure_tau
 from draftsmith.train.mtp_objective import count_positions as mtp_count_positions
 from draftsmith.train.mtp_objective import mtp_loss
-from draftsmith.train.target_pass import can_pack, packed_mask, stored_pass, target_pass
+from draftsmith.train.target_pass import can_pack, packed_forward, stored_pass, target_pass
 
 # Settings that define a run: a checkpoint resumes only under the same ones.
 FINGERPRINT = (
@@ -553,13 +553,7 @@ def _features(target, batch, layers: list[int]) -> torch.Tensor:
     """[b, T, K, H] features of packed rows from the target's decoder alone (DFlash needs no target
     logits, so the LM head over the whole vocabulary is skipped)."""
     with torch.inference_mode():
-        out = target.base(
-            input_ids=batch.input_ids,
-            attention_mask=packed_mask(target, batch.segments),
-            position_ids=batch.positions,
-            output_hidden_states=True,
-            use_cache=False,
-        )
+        out = packed_forward(target, target.base, batch)
         feats = torch.stack(
             [out.last_hidden_state if i == FINAL_HIDDEN else out.hidden_states[i + 1] for i in layers], dim=2
         )
