@@ -37,6 +37,13 @@ def add_train_eagle3_parser(subparsers) -> argparse.ArgumentParser:
         "(on SmolLM2 it began with larger losses and trailed random for the first 60k tokens)",
     )
     p.add_argument(
+        "--attn-init",
+        choices=("token", "random"),
+        default="token",
+        help="a new draft's attention starts reading each position's own token and copying its embedding "
+        "(token, default; on SmolLM2 held-out accuracy rose faster at every unrolled step) or at random",
+    )
+    p.add_argument(
         "--init",
         default="random",
         help="random (default) or the folder of a trained EAGLE-3 speculator to continue from, with a new "
@@ -54,6 +61,7 @@ def cmd_train_eagle3(args: argparse.Namespace) -> int:
         ttt_steps=args.ttt_steps,
         draft_vocab=args.draft_vocab,
         head_init=args.head_init,
+        attn_init=args.attn_init,
         init=args.init,
     )
     summary = train_eagle3(cfg)

@@ -51,6 +51,7 @@ from draftsmith.target.model import FINAL_HIDDEN, load_target, parse_device, par
 from draftsmith.train import checkpoint, distributed
 from draftsmith.train.data import draft_vocab, load_conversations, pack, plan_batches, shard, tokenize_dataset
 from draftsmith.train.dflash_objective import anchor_seed, dflash_loss, sample_blocks
+from draftsmith.train.eagle3_init import token_attention, typical_rms
 from draftsmith.train.eagle3_objective import TargetSignal, count_positions, ttt_loss
 from draftsmith.train.evaluate import eval_prompts, measure_tau
 from draftsmith.train.mtp_objective import count_positions as mtp_count_positions
@@ -85,6 +86,7 @@ class TrainConfig:
     ttt_steps: int = 7
     draft_vocab: int = 32000
     head_init: str = "random"  # EAGLE-3: "random" or "target" (the target's LM head rows)
+    attn_init: str = "token"  # EAGLE-3: "token" (`eagle3_init.token_attention`) or "random"
     warmup_ratio: float = 0.04
     grad_clip: float = 0.5
     eval_every: int = 200  # 0: only at the end of a run
@@ -346,6 +348,28 @@ class _Eagle3:
             if cfg.head_init == "target":
                 self.model.init_head_from_target(target.head, getattr(target.base, "norm", None))
         self.store = _open_store(cfg, examples, self.layers)
+        if cfg.init == "random" and cfg.attn_init == "token":
+            token_attention(self.model, self._feature_rms(examples), seed=cfg.seed)
+
+    def _feature_rms(self, examples) -> float:
+        """The fused feature's typical RMS at init, on the first examples (about 1k tokens), agreed
+        over ranks so that every rank starts from the same weights."""
+        ids, used = [], 0
+        while len(ids) < len(examples) and (not ids or used + len(examples[len(ids)].input_ids) <= 1024):
+            used += len(examples[len(ids)].input_ids)
+            ids.append(len(ids))
+        batch = pack([examples[i] for i in ids], self.cfg.max_len, packing=can_pack(self.target))
+        batch = batch.to(self.world.device)
+        if self.store is None:
+            features = target_pass(self.target, batch, self.layers)[0]
+        else:
+            features = stored_pass(self.target, self.store, batch, ids, self.layers, logits=False)[0]
+        with torch.no_grad():
+            rms = typical_rms(self.model.fuse(features.float())[batch.segments >= 0])
+        return (
+            float(distributed.all_sum(self.world, torch.tensor([rms], dtype=torch.float64))[0])
+            / self.world.size
+        )
 
     def forward_backward(self, examples, ids: list[int], step: int, autocast) -> torch.Tensor:
         """Loss and gradients on this rank's shard. Returns the all-reduced parts (`_parts`)."""
