@@ -69,10 +69,8 @@ def packed_sdpa(
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """Causal attention inside each (start, end) run of each row; without runs, `gqa_sdpa`."""
-    if packed_runs is None:
+    if packed_runs is None or kwargs.get("softcap") is not None:
         return gqa_sdpa(module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs)
-    if kwargs.get("softcap") is not None:
-        raise NotImplementedError("attention logit soft-capping is not supported by the draftsmith kernel")
     gqa = key.shape[1] != query.shape[1]
     out = torch.empty_like(query)
     for r, runs in enumerate(packed_runs):
