@@ -3,7 +3,8 @@ knowing any drafter by name.
 
 A spec is `NAME` or `NAME:ARG`. What ARG means is the builder's business: a checkpoint path for
 trained drafters, `key=value` options joined by `:` for training-free ones
-(`ngram:max_n=4:min_n=2`). `ar` is plain decoding: no drafter at all.
+(`ngram:max_n=4:min_n=2`). `ar` is plain decoding: no drafter at all. `A+B` joins two specs into a
+hybrid (`drafters/hybrid.py`).
 """
 
 from __future__ import annotations
@@ -48,7 +49,17 @@ def split_specs(specs: str) -> list[str]:
 
 
 def build(spec: str) -> DrafterFactory | None:
-    """Build the factory for one spec; None means plain autoregressive decoding (`ar`)."""
+    """Build the factory for one spec; None means plain autoregressive decoding (`ar`).
+
+    `A+B` (`suffix:min_score=1+eagle3:PATH`) is a hybrid: A's draft when it has one, else B's."""
+    first, plus, second = spec.partition("+")
+    if plus and _names_drafter(first) and _names_drafter(second):
+        from draftsmith.drafters.hybrid import HybridFactory
+
+        a, b = build(first), build(second)
+        if a is None or b is None:
+            raise UserError(f"'{spec}': both sides of A+B must be drafters, not ar")
+        return HybridFactory(a, b)
     name, _, arg = spec.partition(":")
     name = name.strip().lower()
     if name == AR:
@@ -57,6 +68,13 @@ def build(spec: str) -> DrafterFactory | None:
     if name not in _BUILDERS:
         raise UserError(f"unknown drafter '{name}': choose one of {', '.join(available())}")
     return _BUILDERS[name](arg or None)
+
+
+def _names_drafter(spec: str) -> bool:
+    """Whether a spec starts with a drafter's name (so a '+' inside a checkpoint path is left alone)."""
+    _load_builtin()
+    name = spec.partition(":")[0].strip().lower()
+    return name == AR or name in _BUILDERS
 
 
 def parse_options(arg: str | None, defaults: dict[str, int | float]) -> dict[str, int | float]:

@@ -50,6 +50,7 @@ DEFAULTS: dict[str, int | float] = {
     "factor": 1.0,
     "min_prob": 0.1,
     "max_tokens_global": 1_000_000,
+    "min_score": 0.0,
 }
 
 
@@ -212,10 +213,13 @@ class SuffixDrafter:
 
     needs_features: tuple[int, ...] = ()
 
-    def __init__(self, tree: GlobalTree, factor: float = 1.0, min_prob: float = 0.1) -> None:
+    def __init__(
+        self, tree: GlobalTree, factor: float = 1.0, min_prob: float = 0.1, min_score: float = 0.0
+    ) -> None:
         self.max_depth = tree.max_depth
         self.factor = factor
         self.min_prob = min_prob
+        self.min_score = min_score  # no draft below this many expected accepted tokens
         self._global = tree
         self.start([])
 
@@ -280,8 +284,9 @@ class SuffixDrafter:
         if budget:
             glob = _continue(self._matched[m], budget, self.min_prob, self.max_depth)
             if glob[1] > local[1] + 1e-9:  # a tie (up to rounding) goes to the request's own tree
-                return Draft(tokens=glob[0])
-        return Draft(tokens=local[0])
+                local = glob
+        tokens, score = local
+        return Draft(tokens=tokens if score >= self.min_score else [])
 
 
 @dataclass
@@ -290,6 +295,7 @@ class SuffixFactory:
     factor: float = 1.0
     min_prob: float = 0.1
     max_tokens_global: int = 1_000_000
+    min_score: float = 0.0
     name: str = "suffix"
     needs_features: tuple[int, ...] = ()
     tree: GlobalTree = field(init=False)
@@ -298,7 +304,7 @@ class SuffixFactory:
         self.tree = GlobalTree(self.max_depth, self.max_tokens_global)
 
     def __call__(self) -> SuffixDrafter:
-        return SuffixDrafter(self.tree, self.factor, self.min_prob)
+        return SuffixDrafter(self.tree, self.factor, self.min_prob, self.min_score)
 
     def finish(self, prompt_ids: list[int], output_ids: list[int]) -> None:
         """Learn a finished request's output, led by the end of its prompt (the chat template's
@@ -309,13 +315,20 @@ class SuffixFactory:
 
 @register("suffix")
 def build(arg: str | None) -> SuffixFactory:
-    """`suffix` or `suffix:max_depth=32:factor=2:min_prob=0.2:max_tokens_global=100000`."""
+    """`suffix` or `suffix:max_depth=32:factor=2:min_prob=0.2:max_tokens_global=100000:min_score=1`.
+
+    `min_score` drops a draft whose expected number of accepted tokens (by the tree's own counts) is
+    below it: no verification width is spent on a weak match, and in `suffix:min_score=S+MODEL`
+    (`drafters/hybrid.py`) the model drafts instead."""
     opts = parse_options(arg, DEFAULTS)
     max_depth, factor = int(opts["max_depth"]), float(opts["factor"])
     min_prob, cap = float(opts["min_prob"]), int(opts["max_tokens_global"])
-    if max_depth < 2 or factor <= 0 or not 0.0 <= min_prob <= 1.0 or cap < 1:
+    min_score = float(opts["min_score"])
+    if max_depth < 2 or factor <= 0 or not 0.0 <= min_prob <= 1.0 or cap < 1 or min_score < 0:
         raise UserError(
             f"bad suffix options {arg}: need max_depth >= 2, factor > 0, 0 <= min_prob <= 1, "
-            "max_tokens_global >= 1"
+            "max_tokens_global >= 1, min_score >= 0"
         )
-    return SuffixFactory(max_depth=max_depth, factor=factor, min_prob=min_prob, max_tokens_global=cap)
+    return SuffixFactory(
+        max_depth=max_depth, factor=factor, min_prob=min_prob, max_tokens_global=cap, min_score=min_score
+    )
