@@ -35,8 +35,9 @@ def bench_rows(folder: Path, benches: list[Path]) -> list[tuple[dict, dict, dict
         rows = run["runs"]
         ar = next((r for r in rows if r["method"] == "ar"), None)
         for r in rows:
-            _, _, arg = method_k(r["method"], 0)[0].partition(":")
-            if arg and os.path.normpath(arg.split(":")[0]) == name and ar is not None:
+            parts = method_k(r["method"], 0)[0].split("+")  # a hybrid A+B names it on either side
+            paths = [os.path.normpath(p.partition(":")[2].split(":")[0]) for p in parts if ":" in p]
+            if name in paths and ar is not None:
                 out.append((run, r, ar))
     return out
 
@@ -48,9 +49,12 @@ def _match(row: dict) -> str:
 
 def _label(method: str) -> str:
     """'eagle3-tree:speculators/x:topk=8:size=32@4' -> 'eagle3-tree topk=8 size=32': the drafter and
-    its options, without the path (the card is about that folder)."""
-    name, _, rest = method_k(method, 0)[0].partition(":")
-    return " ".join([name, *(part for part in rest.split(":") if "=" in part)])
+    its options, without the path (the card is about that folder); a hybrid's sides joined by ' + '."""
+    labels = []
+    for spec in method_k(method, 0)[0].split("+"):
+        name, _, rest = spec.partition(":")
+        labels.append(" ".join([name, *(part for part in rest.split(":") if "=" in part)]))
+    return " + ".join(labels)
 
 
 def _article(word: str) -> str:
