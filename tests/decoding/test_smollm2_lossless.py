@@ -19,6 +19,7 @@ TRAINED = [
     ("dflash:{}/smollm2-135m-dflash", 7),
     ("dflash:{}/smollm2-135m-dflash", 15),
     ("mtp:{}/smollm2-135m-mtp", 3),
+    ("suffix:min_score=2+eagle3:{}/smollm2-135m-eagle3:min_prob=0.2", 7),
 ]
 
 PROMPTS = [
@@ -53,7 +54,9 @@ def test_drafters_equal_plain_greedy(smollm2, prompt_ids, plain, spec, k):
         assert res.stats.tau >= 1.0
 
 
-@pytest.mark.parametrize("spec,k", TRAINED, ids=[f"{s.split(':')[0]}-k{k}" for s, k in TRAINED])
+@pytest.mark.parametrize(
+    "spec,k", TRAINED, ids=["+".join(p.split(":")[0] for p in s.split("+")) + f"-k{k}" for s, k in TRAINED]
+)
 def test_trained_speculators_equal_plain_greedy(smollm2, prompt_ids, plain, spec, k):
     factory = registry.build(spec.format(SPECULATORS))
     for ids, ref in zip(prompt_ids, plain, strict=True):
