@@ -5,10 +5,13 @@
 # run whose match_rate must be 1.0 for every method. Results land in benchmarks/results/.
 # MTP runs at k=3 (`@3`): each of its draft steps is a target-sized layer plus the target's 49k-row
 # LM head, about a quarter of a SmolLM2 forward, so long chains cost more than they return.
-# `bash benchmarks/speculators_smollm2.sh t0` (or t1, fp32, eagle3, eagle3-t1) runs one part.
+# `bash benchmarks/speculators_smollm2.sh t0` (or t1, fp32, eagle3, eagle3-t1) runs one part;
+# WORKLOADS="code chat" limits the eagle3 parts to those workloads.
 # min_prob=0.2 cuts EAGLE-3 chains where the draft is unsure (best of 0.2/0.4/0.6 on 5 code prompts).
 # The hybrid drafts with suffix decoding where its expected accepted length is at least 2, else EAGLE-3
 # (min_score 0.5/1/2/3/4 on 5 code prompts x 128: tau 1.82/1.91/2.03/2.02/2.04; suffix 1.56, EAGLE-3 1.64).
+# Trees: the narrow one (topk=4 size=16) verifies half the tokens of topk=8 size=32 for a little less
+# tau; on 5 code prompts x 128 with the stage-5 weights, 1.61x (tau 2.46) against 1.35x (tau 2.70).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=benchmarks/results
@@ -16,6 +19,7 @@ spec=speculators
 mkdir -p "${out}"
 e3="eagle3:${spec}/smollm2-135m-eagle3"
 tree="eagle3-tree:${spec}/smollm2-135m-eagle3:topk=8:size=32"
+tree16="eagle3-tree:${spec}/smollm2-135m-eagle3:topk=4:size=16"
 df="dflash:${spec}/smollm2-135m-dflash"
 mtp="mtp:${spec}/smollm2-135m-mtp@3"
 hybrid="suffix:min_score=2+${e3}:min_prob=0.2"
@@ -26,6 +30,7 @@ run() {  # name, extra bench args...
         --no-progress --out "${out}/${name}.json" "$@" | tee "${out}/${name}.txt"
 }
 parts=${1:-t0 t1 fp32}
+workloads=${WORKLOADS:-code chat long}
 for part in ${parts}; do
     case ${part} in
     t0)
@@ -34,9 +39,9 @@ for part in ${parts}; do
         done
         ;;
     eagle3-t1)
-        for w in code chat; do
+        for w in ${workloads}; do
             run "speculators-eagle3-${w}-t1" --workload "${w}" --temperature 1 --seed 0 \
-                --drafters "ar,ngram,suffix,${e3},${e3}:min_prob=0.2"
+                --drafters "ar,ngram,suffix,${e3},${e3}:min_prob=0.2,${hybrid}"
         done
         ;;
     t1)
@@ -47,9 +52,9 @@ for part in ${parts}; do
         ;;
     eagle3)
         # After retraining EAGLE-3 alone: its rows against the same baselines, without rerunning the others.
-        for w in code chat long; do
+        for w in ${workloads}; do
             run "speculators-eagle3-${w}-t0" --workload "${w}" \
-                --drafters "ar,ngram,suffix,${e3},${e3}:min_prob=0.2,${tree},${hybrid}"
+                --drafters "ar,ngram,suffix,${e3},${e3}:min_prob=0.2,${tree},${tree16},${hybrid}"
         done
         ;;
     fp32)

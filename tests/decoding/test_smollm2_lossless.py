@@ -16,6 +16,7 @@ SPECULATORS = Path(__file__).resolve().parents[2] / "speculators"
 TRAINED = [
     ("eagle3:{}/smollm2-135m-eagle3", 7),
     ("eagle3-tree:{}/smollm2-135m-eagle3:topk=8:size=32", 7),
+    ("eagle3-tree:{}/smollm2-135m-eagle3:topk=4:size=16", 7),
     ("dflash:{}/smollm2-135m-dflash", 7),
     ("dflash:{}/smollm2-135m-dflash", 15),
     ("mtp:{}/smollm2-135m-mtp", 3),
@@ -54,9 +55,16 @@ def test_drafters_equal_plain_greedy(smollm2, prompt_ids, plain, spec, k):
         assert res.stats.tau >= 1.0
 
 
-@pytest.mark.parametrize(
-    "spec,k", TRAINED, ids=["+".join(p.split(":")[0] for p in s.split("+")) + f"-k{k}" for s, k in TRAINED]
-)
+def _test_id(spec: str, k: int) -> str:
+    """'eagle3-tree:{}/x:topk=4:size=16', 7 -> 'eagle3-tree:topk=4:size=16-k7' (the path dropped)."""
+    sides = [
+        ":".join(part for i, part in enumerate(p.split(":")) if i == 0 or "=" in part)
+        for p in spec.split("+")
+    ]
+    return "+".join(sides) + f"-k{k}"
+
+
+@pytest.mark.parametrize("spec,k", TRAINED, ids=[_test_id(s, k) for s, k in TRAINED])
 def test_trained_speculators_equal_plain_greedy(smollm2, prompt_ids, plain, spec, k):
     factory = registry.build(spec.format(SPECULATORS))
     for ids, ref in zip(prompt_ids, plain, strict=True):
