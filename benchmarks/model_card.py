@@ -19,6 +19,7 @@ from pathlib import Path
 from training_curve import read_metrics, table
 
 from draftsmith.bench.runner import method_k
+from draftsmith.drafters.registry import hybrid_sides
 
 
 def _size_mb(folder: Path) -> float:
@@ -35,7 +36,7 @@ def bench_rows(folder: Path, benches: list[Path]) -> list[tuple[dict, dict, dict
         rows = run["runs"]
         ar = next((r for r in rows if r["method"] == "ar"), None)
         for r in rows:
-            parts = method_k(r["method"], 0)[0].split("+")  # a hybrid A+B names it on either side
+            parts = hybrid_sides(method_k(r["method"], 0)[0])  # a hybrid A+B names it on either side
             paths = [os.path.normpath(p.partition(":")[2].split(":")[0]) for p in parts if ":" in p]
             if name in paths and ar is not None:
                 out.append((run, r, ar))
@@ -51,7 +52,7 @@ def _label(method: str) -> str:
     """'eagle3-tree:speculators/x:topk=8:size=32@4' -> 'eagle3-tree topk=8 size=32': the drafter and
     its options, without the path (the card is about that folder); a hybrid's sides joined by ' + '."""
     labels = []
-    for spec in method_k(method, 0)[0].split("+"):
+    for spec in hybrid_sides(method_k(method, 0)[0]):
         name, _, rest = spec.partition(":")
         labels.append(" ".join([name, *(part for part in rest.split(":") if "=" in part)]))
     return " + ".join(labels)

@@ -52,11 +52,11 @@ def build(spec: str) -> DrafterFactory | None:
     """Build the factory for one spec; None means plain autoregressive decoding (`ar`).
 
     `A+B` (`suffix:min_score=1+eagle3:PATH`) is a hybrid: A's draft when it has one, else B's."""
-    first, plus, second = spec.partition("+")
-    if plus and _names_drafter(first) and _names_drafter(second):
+    sides = hybrid_sides(spec)
+    if len(sides) == 2:
         from draftsmith.drafters.hybrid import HybridFactory
 
-        a, b = build(first), build(second)
+        a, b = build(sides[0]), build(sides[1])
         if a is None or b is None:
             raise UserError(f"'{spec}': both sides of A+B must be drafters, not ar")
         return HybridFactory(a, b)
@@ -68,6 +68,14 @@ def build(spec: str) -> DrafterFactory | None:
     if name not in _BUILDERS:
         raise UserError(f"unknown drafter '{name}': choose one of {', '.join(available())}")
     return _BUILDERS[name](arg or None)
+
+
+def hybrid_sides(spec: str) -> list[str]:
+    """`A+B` -> [A, B] when both sides name drafters, else [spec] (a '+' inside a path stays put)."""
+    first, plus, second = spec.partition("+")
+    if plus and _names_drafter(first) and _names_drafter(second):
+        return [first, second]
+    return [spec]
 
 
 def _names_drafter(spec: str) -> bool:

@@ -59,7 +59,7 @@ def _test_id(spec: str, k: int) -> str:
     """'eagle3-tree:{}/x:topk=4:size=16', 7 -> 'eagle3-tree:topk=4:size=16-k7' (the path dropped)."""
     sides = [
         ":".join(part for i, part in enumerate(p.split(":")) if i == 0 or "=" in part)
-        for p in spec.split("+")
+        for p in registry.hybrid_sides(spec)
     ]
     return "+".join(sides) + f"-k{k}"
 
