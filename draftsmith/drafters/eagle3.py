@@ -23,13 +23,13 @@ import copy
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
 from draftsmith.drafters.layers import RMSNorm, SwiGLU
 from draftsmith.errors import UserError
+from draftsmith.target.attention import attend
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 
@@ -166,9 +166,7 @@ class Eagle3Model(nn.Module):
         all_k = ks if keys is None else torch.cat([keys, ks], dim=2)
         all_v = vs if values is None else torch.cat([values, vs], dim=2)
         causal = mask is None and keys is None and q > 1
-        out = F.scaled_dot_product_attention(
-            qs, all_k, all_v, attn_mask=mask, is_causal=causal, enable_gqa=attn.kv_heads != attn.heads
-        )
+        out = attend(qs, all_k, all_v, mask, causal=causal)
         r = hidden + attn.o_proj(out.transpose(1, 2).reshape(b, q, -1))
         h = r + layer.mlp(layer.post_attention_layernorm(r))
         return self.lm_head(self.norm(h)), h, ks, vs

@@ -1,0 +1,59 @@
+"""`attend`: the grouped-matmul path for short CPU bf16 query blocks equals SDPA's attention."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from draftsmith.target import attention
+from draftsmith.target.attention import attend
+
+
+def _inputs(q: int, kv: int, heads: int = 6, kv_heads: int = 2, dim: int = 16, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    query = torch.randn(2, heads, q, dim, generator=g)
+    key = torch.randn(2, kv_heads, kv, dim, generator=g)
+    value = torch.randn(2, kv_heads, kv, dim, generator=g)
+    mask = torch.rand(2, 1, q, kv, generator=g) > 0.3
+    mask[..., 0] = True  # every query sees at least one key
+    return query, key, value, mask
+
+
+@pytest.mark.parametrize("q", [1, 4, 9])
+@pytest.mark.parametrize("masked", [False, True])
+def test_grouped_path_matches_sdpa(q: int, masked: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    query, key, value, mask = _inputs(q, kv=37)
+    mask = mask if masked else None
+    want = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, enable_gqa=True, scale=0.3)
+
+    def no_sdpa(*args, **kwargs):
+        raise AssertionError("the grouped path should not call SDPA")
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", no_sdpa)
+    with torch.no_grad():
+        got = attend(query.bfloat16(), key.bfloat16(), value.bfloat16(), mask, scale=0.3)
+    assert got.dtype == torch.bfloat16 and got.shape == want.shape
+    # bf16 inputs and output: about 3 significant digits.
+    torch.testing.assert_close(got.float(), want, atol=3e-2, rtol=3e-2)
+
+
+def test_float32_prefill_grad_and_opt_out_keep_sdpa(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+    real = F.scaled_dot_product_attention
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(attention.F, "scaled_dot_product_attention", counting)
+    query, key, value, mask = _inputs(3, kv=20)
+    with torch.no_grad():
+        attend(query, key, value, mask)  # float32
+        big = torch.randn(1, 6, attention.GROUPED_MAX_ROWS, 16).bfloat16()
+        attend(big, big[:, :2], big[:, :2], None, causal=True)  # a prefill
+    attend(query.bfloat16(), key.bfloat16(), value.bfloat16(), mask)  # grad enabled: training
+    monkeypatch.setenv("DRAFTSMITH_CPU_ATTN", "0")
+    with torch.no_grad():
+        attend(query.bfloat16(), key.bfloat16(), value.bfloat16(), mask)
+    assert len(calls) == 4
