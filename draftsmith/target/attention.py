@@ -17,12 +17,13 @@ row of ~400-token examples spent 2.0 of its 3.7 s in a masked T x T attention; p
 attention is about 5x cheaper and the result is the same, since the block-diagonal mask only ever
 let a query see its own example.
 
-`attend` is the one entry both kernels (and the EAGLE-3 drafter) call. For a short block of queries
-(decode, verification, a drafter step) on a CPU in bf16/fp16 it runs the attention as two grouped
-matmuls: each KV head's query group is folded into the query rows, so keys and values are read in place
-once, and the softmax runs in float32 (inference only). PyTorch 2.13's CPU SDPA took 9.5 ms for one bf16 query over a
-4,800-token SmolLM2 layer against 1.2 ms in float32 on this AMD CPU (no AMX), which made a long-context
-decode step cost 144 ms instead of about 50. `DRAFTSMITH_CPU_ATTN=0` keeps SDPA (for A/B timing).
+`attend` is the one entry both kernels (and the EAGLE-3 drafter) call. A single query (a decode step,
+a chain drafter step) on a CPU in bf16/fp16 runs as two grouped matmuls: each KV head's query group is
+folded into the rows of one product, so keys and values are read in place once, and the softmax runs in
+float32. PyTorch 2.13's CPU SDPA took 2.7 ms for one bf16 query over a 4,800-token SmolLM2 layer
+(9 heads, 3 KV heads) against 0.29 ms this way, 0.76 against 0.17 ms at 1,200 tokens (2 threads, AMD
+EPYC without AMX); at 8 or more queries SDPA was as fast or faster, so verification keeps it.
+Inference only; `DRAFTSMITH_CPU_ATTN=0` keeps SDPA everywhere (for A/B timing).
 """
 
 from __future__ import annotations
@@ -56,11 +57,6 @@ def gqa_sdpa(
     return out.transpose(1, 2).contiguous(), None
 
 
-# Above this many rows per KV head (query group x queries) the block is a prefill: SDPA's tiled
-# kernel does the quadratic work better than a materialised score matrix.
-GROUPED_MAX_ROWS = 512
-
-
 def attend(
     query: torch.Tensor,  # [b, heads, q, dim]
     key: torch.Tensor,  # [b, kv_heads, kv, dim]
@@ -73,7 +69,7 @@ def attend(
     b, heads, q, dim = query.shape
     kv_heads = key.shape[1]
     group = heads // kv_heads
-    if causal or not _grouped_pays(query, group * q):
+    if causal or not _grouped_pays(query):
         return F.scaled_dot_product_attention(
             query, key, value, attn_mask=mask, scale=scale, is_causal=causal, enable_gqa=kv_heads != heads
         )
@@ -88,11 +84,11 @@ def attend(
     return torch.matmul(probs, value).view(b, kv_heads, group, q, dim).reshape(b, heads, q, dim)
 
 
-def _grouped_pays(query: torch.Tensor, rows: int) -> bool:
+def _grouped_pays(query: torch.Tensor) -> bool:
     return (
-        query.device.type == "cpu"
+        query.shape[2] == 1
+        and query.device.type == "cpu"
         and query.dtype in (torch.bfloat16, torch.float16)
-        and rows <= GROUPED_MAX_ROWS
         and not torch.is_grad_enabled()  # inference only: training keeps SDPA's numerics and backward
         and os.environ.get("DRAFTSMITH_CPU_ATTN", "1") != "0"
     )
