@@ -22,7 +22,8 @@ a chain drafter step) on a CPU in bf16/fp16 runs as two grouped matmuls: each KV
 folded into the rows of one product, so keys and values are read in place once, and the softmax runs in
 float32. PyTorch 2.13's CPU SDPA took 2.7 ms for one bf16 query over a 4,800-token SmolLM2 layer
 (9 heads, 3 KV heads) against 0.29 ms this way, 0.76 against 0.17 ms at 1,200 tokens (2 threads, AMD
-EPYC without AMX); at 8 or more queries SDPA was as fast or faster, so verification keeps it.
+EPYC without AMX). With 8 to 33 queries neither won throughout (SDPA ahead at short context and at
+33 queries, the grouped form up to 20% ahead at 4,800 tokens with 8-17), so verification keeps SDPA.
 Inference only; `DRAFTSMITH_CPU_ATTN=0` keeps SDPA everywhere (for A/B timing).
 """
 
@@ -69,7 +70,7 @@ def attend(
     b, heads, q, dim = query.shape
     kv_heads = key.shape[1]
     group = heads // kv_heads
-    if causal or not _grouped_pays(query):
+    if causal or not _grouped_pays(query) or (mask is not None and mask.dtype != torch.bool):
         return F.scaled_dot_product_attention(
             query, key, value, attn_mask=mask, scale=scale, is_causal=causal, enable_gqa=kv_heads != heads
         )
