@@ -58,3 +58,26 @@ def test_float32_blocks_grad_and_opt_out_keep_sdpa(monkeypatch: pytest.MonkeyPat
     with torch.no_grad():
         attend(*half, mask)
     assert len(calls) == 4
+
+
+def test_cache_slice_is_read_per_head_with_the_same_result(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Keys and values as the cache hands them over: the first kv positions of a longer buffer.
+    kv = attention.PER_HEAD_MIN_KEYS + 5
+    query, _, _, mask = _inputs(1, kv=kv)
+    g = torch.Generator().manual_seed(1)
+    buffers = [torch.randn(2, 2, kv + 40, 16, generator=g).bfloat16() for _ in range(2)]
+    key, value = (b[:, :, :kv] for b in buffers)
+    assert not key.is_contiguous()
+    with torch.no_grad():
+        want = attend(query.bfloat16(), key.contiguous(), value.contiguous(), mask)
+        real = torch.matmul
+        batched = []
+
+        def counting(a, b):
+            batched.append(1)
+            return real(a, b)
+
+        monkeypatch.setattr(attention.torch, "matmul", counting)
+        got = attend(query.bfloat16(), key, value, mask)
+    assert batched == []  # the slice went through 2-D products, never a batched (copying) matmul
+    torch.testing.assert_close(got.float(), want.float(), atol=1e-2, rtol=1e-2)
