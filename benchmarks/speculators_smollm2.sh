@@ -5,7 +5,7 @@
 # run whose match_rate must be 1.0 for every method. Results land in benchmarks/results/.
 # MTP runs at k=3 (`@3`): each of its draft steps is a target-sized layer plus the target's 49k-row
 # LM head, about a quarter of a SmolLM2 forward, so long chains cost more than they return.
-# `bash benchmarks/speculators_smollm2.sh t0` (or t1, fp32, eagle3, eagle3-t1) runs one part;
+# `bash benchmarks/speculators_smollm2.sh t0` (or t1, fp32, eagle3, eagle3-t1; several in a row) runs those parts;
 # WORKLOADS="code chat" limits the eagle3 parts to those workloads.
 # min_prob=0.2 cuts EAGLE-3 chains where the draft is unsure (best of 0.2/0.4/0.6 on 5 code prompts).
 # The hybrid drafts with suffix decoding where its expected accepted length is at least 2, else EAGLE-3
@@ -31,7 +31,7 @@ run() {  # name, extra bench args...
     .venv/bin/draftsmith bench --target smollm2-135m --num-prompts 20 --max-new-tokens 256 --k 7 \
         --no-progress --out "${out}/${name}.json" "$@" | tee "${out}/${name}.txt"
 }
-parts=${1:-t0 t1 fp32}
+parts=${*:-t0 t1 fp32}
 workloads=${WORKLOADS:-code chat long}
 for part in ${parts}; do
     case ${part} in
