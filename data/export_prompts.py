@@ -46,6 +46,9 @@ def main() -> None:
     p.add_argument("--num", type=int, required=True)
     p.add_argument("--max-turns", type=int, default=2)
     p.add_argument("--skip", action="append", default=[], help="a conversations JSONL whose ids to leave out")
+    p.add_argument(
+        "--max-chars", type=int, default=None, help="leave out conversations whose first user turn is longer"
+    )
     p.add_argument("--out", required=True)
     args = p.parse_args()
     skip = {r["id"] for path in args.skip for r in load_conversations(path)}
@@ -58,7 +61,8 @@ def main() -> None:
         if cid in skip:
             continue
         kept = cut(messages, args.max_turns)
-        if kept is not None:
+        first = next((m["content"] for m in kept or [] if m["role"] == "user"), "")
+        if kept is not None and (args.max_chars is None or len(first) <= args.max_chars):
             lines.append(json.dumps({"id": cid, "messages": kept}) + "\n")
         if len(lines) == args.num:
             break

@@ -190,43 +190,89 @@ def regenerate_local(
     seed: int = 0,
     on_tokens: Callable[[int], None] | None = None,
 ) -> Iterator[list[Conversation]]:
-    """Run the target over `convs` in batches; yield each batch once all its turns are written."""
+    """Run the target over `convs` with up to `batch_size` turns in flight; yield conversations as
+    they finish (all their turns written), a few at a time.
+
+    Continuous batching: a row whose turn ends is replaced at once, by the conversation's next turn
+    or by the next conversation, so the batch stays full. Waves of whole batches (every row waits for
+    the batch's longest answer) ran at 120 tok/s on 48 rows on a 2-core CPU where a full batch
+    decodes about 300. Conversations are taken shortest first. Sampling draws from one stream per (seed, conversation, turn), so a sampled
+    answer does not depend on what else was in the batch."""
     from dataclasses import replace
 
-    from draftsmith.decoding.engine import generate
+    from draftsmith.decoding.engine import Batch, Seq
+    from draftsmith.decoding.sampling import make_generator
     from draftsmith.target.chat import encode_messages
 
+    if not convs:
+        return
     tok = target.tokenizer
     stream = (lambda row, ids: on_tokens(len(ids))) if on_tokens is not None else None
-    for start in range(0, len(convs), batch_size):
-        batch = convs[start : start + batch_size]
-        for turn in range(max(len(c.segments) for c in batch)):
-            wave, prompts = [], []
-            for c in batch:
-                if c.ended_by is not None or turn >= len(c.segments):
-                    continue
-                ids = encode_messages(tok, c.history(turn))
-                if len(ids) + max_new_tokens > target.max_context:
-                    c.ended_by = "context"
-                    continue
-                wave.append(c)
-                prompts.append(ids)
-            if not wave:
+    # Shortest first: the rows in flight then have similar lengths, and attention, which runs to the
+    # longest row of the batch, wastes less on the short ones.
+    convs = sorted(convs, key=lambda c: (sum(len(m["content"]) for m in c.segments[0]), c.index))
+    batch = Batch(target, drafter, k=k, sampling=sampling, on_tokens=stream)
+    queue = iter(convs)
+    running: dict[int, tuple[Conversation, int]] = {}  # row index -> (conversation, turn)
+    finished: list[Conversation] = []
+    next_row = 0
+
+    def prompt_of(c: Conversation, turn: int) -> list[int] | None:
+        """The turn's prompt ids, or None (and the conversation ends) when it cannot fit."""
+        if turn >= len(c.segments):
+            return None
+        ids = encode_messages(tok, c.history(turn))
+        if len(ids) + max_new_tokens > target.max_context:
+            c.ended_by = "context"
+            return None
+        return ids
+
+    def seq(c: Conversation, turn: int, ids: list[int]) -> Seq:
+        nonlocal next_row
+        next_row += 1
+        params = replace(sampling, seed=turn_seed(seed, c.index, turn))
+        gen = None if params.greedy else make_generator(params.seed, 0)
+        running[next_row] = (c, turn)
+        return Seq(next_row, ids, max_new_tokens, params, generator=gen)
+
+    def refill(pending: list[Seq]) -> None:
+        while len(batch.rows) + len(pending) < batch_size:
+            c = next(queue, None)
+            if c is None:
                 break
-            params = replace(sampling, seed=turn_seed(seed, batch[0].index, turn))
-            results = generate(
-                target,
-                drafter,
-                prompts,
-                k=k,
-                sampling=params,
-                max_new_tokens=max_new_tokens,
-                on_tokens=stream,
-            )
-            for c, res in zip(wave, results, strict=True):
-                text = tok.decode(res.token_ids, skip_special_tokens=True)
-                c.add_reply(turn, text, res.finish_reason, len(res.token_ids))
-        yield batch
+            ids = prompt_of(c, 0)
+            if ids is None:
+                finished.append(c)
+            else:
+                pending.append(seq(c, 0, ids))
+        if pending:
+            collect([row for row in batch.add(pending) if row.finish is not None])
+
+    def collect(rows) -> None:
+        follow: list[Seq] = []
+        for row in rows:
+            if row.index not in running:
+                continue
+            c, turn = running.pop(row.index)
+            text = tok.decode(row.output, skip_special_tokens=True)
+            c.add_reply(turn, text, row.finish or "length", len(row.output))
+            ids = prompt_of(c, turn + 1)
+            if ids is None:
+                finished.append(c)
+            else:
+                follow.append(seq(c, turn + 1, ids))
+        if follow:
+            refill(follow)
+
+    refill([])
+    while batch.rows:
+        collect(batch.step())
+        refill([])
+        if len(finished) >= max(1, batch_size // 2) or not batch.rows:
+            yield finished
+            finished = []
+    if finished:
+        yield finished
 
 
 # ---------------------------------------------------------------- report

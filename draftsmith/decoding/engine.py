@@ -239,11 +239,25 @@ class Batch:
             return []
         done = [row for row in self.rows if row.finish is not None]
         if keep:
+            keep = fill_holes(keep)
             self.cache.keep_rows(keep)
         else:  # an empty batch starts over: a long request's capacity is not kept for the next ones
             self.cache = self.target.new_cache(0, 0)
         self.rows = [self.rows[b] for b in keep]
         return done
+
+
+def fill_holes(keep: list[int]) -> list[int]:
+    """The new order of the kept rows (ascending indices) that moves the fewest: kept rows past the
+    new batch size fill the holes left before it, so the cache copies only those rows.
+
+    >>> fill_holes([0, 2, 3, 5])
+    [0, 5, 2, 3]
+    """
+    n = len(keep)
+    movers = iter([b for b in keep if b >= n])
+    kept = set(keep)
+    return [b if b in kept else next(movers) for b in range(n)]
 
 
 @torch.inference_mode()

@@ -24,9 +24,10 @@ float32. PyTorch 2.13's CPU SDPA took 2.7 ms for one bf16 query over a 4,800-tok
 (9 heads, 3 KV heads) against 0.29 ms this way, 0.76 against 0.17 ms at 1,200 tokens (2 threads, AMD
 EPYC without AMX). With 8 to 33 queries neither won throughout (SDPA ahead at short context and at
 33 queries, the grouped form up to 20% ahead at 4,800 tokens with 8-17), so verification keeps SDPA.
-Those figures are for contiguous keys; the cache hands over a slice of a longer buffer, which batched
-matmul copies first, so past about 1,000 keys the products run per head (`_per_head_matmul`): a
-SmolLM2 decode step at 4,800 tokens went from 84 to 64 ms (47 ms at 400 tokens).
+Those figures are for contiguous keys; the cache hands over a slice of a longer buffer, on which
+batched matmul is slow, so the slice is copied first or, when very large, multiplied per head
+(`_per_head_matmul`): a SmolLM2 decode step at 4,800 tokens went from 84 to 64 ms (47 ms at 400
+tokens), and a 48-row step at ~300 tokens from 161 to NEW ms.
 Inference only; `DRAFTSMITH_CPU_ATTN=0` keeps SDPA everywhere (for A/B timing).
 """
 
@@ -79,6 +80,7 @@ def attend(
         )
     # Head h reads KV head h // group (repeat_kv's order), so [b, heads, q] folds into [b, kv_heads, group*q].
     rows = query.reshape(b, kv_heads, group * q, dim)
+    key, value = _compact(key), _compact(value)
     scores = _per_head_matmul(rows, key.transpose(-1, -2)).float()
     scores *= dim**-0.5 if scale is None else scale
     if mask is not None:
@@ -88,22 +90,41 @@ def attend(
     return _per_head_matmul(probs, value).view(b, kv_heads, group, q, dim).reshape(b, heads, q, dim)
 
 
-def _per_head_matmul(a: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-    """a @ m over [batch, kv_heads], reading m in place when it is a slice of a longer cache buffer.
+def _compact(m: torch.Tensor) -> torch.Tensor:
+    """A cache slice [b, kv_heads, kv, dim] copied to contiguous memory, unless it is large.
 
-    Given such a slice (heads `capacity` rows apart, not `kv`), batched matmul first copies it whole.
-    At 4,800 tokens that copy cost more than the products (one bf16 query: 0.56 ms per layer against
-    0.37 with one 2-D product per head, 2 threads). Below about 1,000 keys the copy is cheaper than
-    the extra calls (0.105 against 0.197 ms at 200 keys), hence the threshold."""
+    The cache hands attention the first kv positions of a buffer `capacity` long, so its heads are
+    not kv rows apart, and PyTorch's CPU bf16 batched matmul is several times slower on such a slice
+    than a copy followed by the product (the keys copied as [kv, dim] and then viewed transposed;
+    copying the transposed view itself is slow too). One query group, 3 KV heads, 2 threads (AMD
+    EPYC, AVX512-BF16), scores plus values:
+
+        rows x keys    strided   copy first   per head
+        1 x 1,000      0.24      0.10         0.18 ms
+        8 x 1,000      1.35      0.38         0.92
+        48 x 1,000     8.2       3.8          7.9
+        8 x 4,800      6.1       3.2          4.3
+        48 x 4,800     90        73           26
+
+    Past PER_HEAD_MIN_ELEMENTS the copy itself costs more than one 2-D product per (row, KV head),
+    which reads the slice in place (`_per_head_matmul`)."""
+    if m.is_contiguous() or m.numel() >= PER_HEAD_MIN_ELEMENTS:
+        return m
+    return m.contiguous()
+
+
+def _per_head_matmul(a: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """a @ m over [batch, kv_heads]; a large strided cache slice m is read in place, one 2-D
+    product per (row, KV head) (see `_compact`)."""
     strided = not (m.is_contiguous() or m.transpose(-1, -2).is_contiguous())
-    if not strided or max(m.shape[-2:]) < PER_HEAD_MIN_KEYS:
+    if not strided:
         return torch.matmul(a, m)
     return torch.stack(
         [torch.stack([a[i, h] @ m[i, h] for h in range(m.shape[1])]) for i in range(m.shape[0])]
     )
 
 
-PER_HEAD_MIN_KEYS = 1024
+PER_HEAD_MIN_ELEMENTS = 24 * 1024 * 1024
 
 
 def _grouped_pays(query: torch.Tensor) -> bool:

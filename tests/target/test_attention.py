@@ -60,24 +60,31 @@ def test_float32_blocks_grad_and_opt_out_keep_sdpa(monkeypatch: pytest.MonkeyPat
     assert len(calls) == 4
 
 
-def test_cache_slice_is_read_per_head_with_the_same_result(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("large", [False, True])
+def test_cache_slice_gives_the_same_result_copied_or_per_head(
+    large: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Keys and values as the cache hands them over: the first kv positions of a longer buffer.
-    kv = attention.PER_HEAD_MIN_KEYS + 5
+    kv = 37
     query, _, _, mask = _inputs(1, kv=kv)
     g = torch.Generator().manual_seed(1)
     buffers = [torch.randn(2, 2, kv + 40, 16, generator=g).bfloat16() for _ in range(2)]
     key, value = (b[:, :, :kv] for b in buffers)
     assert not key.is_contiguous()
+    # A small slice is copied before the batched products; past the limit it is read per head.
+    monkeypatch.setattr(attention, "PER_HEAD_MIN_ELEMENTS", key.numel() if large else key.numel() + 1)
     with torch.no_grad():
         want = attend(query.bfloat16(), key.contiguous(), value.contiguous(), mask)
         real = torch.matmul
-        batched = []
+        strided = []
 
         def counting(a, b):
-            batched.append(1)
+            contiguous = b.is_contiguous() or b.transpose(-1, -2).is_contiguous()
+            strided.append(a.dim() > 2 and not contiguous)
             return real(a, b)
 
         monkeypatch.setattr(attention.torch, "matmul", counting)
         got = attend(query.bfloat16(), key, value, mask)
-    assert batched == []  # the slice went through 2-D products, never a batched (copying) matmul
+    assert not any(strided)  # batched matmul never saw a strided slice
+    assert len(strided) == (0 if large else 2)  # per head: only 2-D products (`@`)
     torch.testing.assert_close(got.float(), want.float(), atol=1e-2, rtol=1e-2)
