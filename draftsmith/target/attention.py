@@ -27,7 +27,7 @@ EPYC without AMX). With 8 to 33 queries neither won throughout (SDPA ahead at sh
 Those figures are for contiguous keys; the cache hands over a slice of a longer buffer, on which
 batched matmul is slow, so the slice is copied first or, when very large, multiplied per head
 (`_per_head_matmul`): a SmolLM2 decode step at 4,800 tokens went from 84 to 64 ms (47 ms at 400
-tokens), and a 48-row step at ~300 tokens from 161 to NEW ms.
+tokens), and a 48-row bf16 step at ~350 tokens from 161-171 to 145 ms.
 Inference only; `DRAFTSMITH_CPU_ATTN=0` keeps SDPA everywhere (for A/B timing).
 """
 
