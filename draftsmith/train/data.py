@@ -92,10 +92,18 @@ def tokenize_dataset(tokenizer, records: list[dict], max_len: int, progress: boo
     return examples
 
 
-def draft_vocab(examples: list[Example], n: int, vocab_size: int) -> torch.Tensor:
-    """[min(n, V)] target ids: the most frequent among assistant tokens, ties broken by token id.
+def draft_vocab(
+    examples: list[Example], n: int, vocab_size: int, prefer: torch.Tensor | None = None
+) -> torch.Tensor:
+    """[min(n, V)] target ids: the most frequent among assistant tokens, ties broken by `prefer`
+    (target ids to keep when counts are equal: a speculator's old vocabulary, so that a small new
+    dataset does not fill the rest of the vocabulary in id order), then by token id.
 
     With n >= V this is the identity (the full vocabulary, in id order).
+
+    >>> ex = [Example([5, 5, 2, 7], [1, 1, 1, 0])]
+    >>> draft_vocab(ex, 2, 8).tolist(), draft_vocab(ex, 2, 8, prefer=torch.tensor([6])).tolist()
+    ([2, 5], [5, 6])
     """
     if n >= vocab_size:
         return torch.arange(vocab_size)
@@ -103,7 +111,10 @@ def draft_vocab(examples: list[Example], n: int, vocab_size: int) -> torch.Tenso
     for ex in examples:
         ids = torch.tensor(ex.input_ids)[torch.tensor(ex.loss_mask, dtype=torch.bool)]
         counts += torch.bincount(ids, minlength=vocab_size)
-    order = torch.sort(-counts, stable=True).indices  # stable: equal counts stay in id order
+    key = counts * 2
+    if prefer is not None:
+        key[prefer] += 1  # a tie-break only: one count outweighs it
+    order = torch.sort(-key, stable=True).indices  # stable: equal keys stay in id order
     return order[:n].sort().values  # draft ids in target-id order (any order is valid; this reads well)
 
 

@@ -44,6 +44,13 @@ def add_train_dflash_parser(subparsers) -> argparse.ArgumentParser:
         help="token id of the mask slots (default: the tokenizer's mask or a spare special token)",
     )
     p.add_argument(
+        "--norm-init",
+        choices=("scaled", "ones"),
+        default="scaled",
+        help="a new draft's final norm starts at 1 / the target head's median row norm, so its first logits "
+        "are not one-hot (scaled, default), or at 1 (ones)",
+    )
+    p.add_argument(
         "--init",
         default="random",
         help="random (default) or the folder of a trained DFlash speculator to continue from, with a new "
@@ -79,6 +86,7 @@ def cmd_train_dflash(args: argparse.Namespace) -> int:
         gamma=args.gamma,
         target_layers=_layer_ids(args.target_layers),
         mask_token_id=args.mask_token_id,
+        norm_init=args.norm_init,
         init=args.init,
     )
     summary = train_dflash(cfg)
