@@ -109,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_simulate_parser(sub)
     add_calibrate_parser(sub)
+    from draftsmith.tune.cli import add_tune_parser
+
+    add_tune_parser(sub)
     return parser
 
 

@@ -39,6 +39,12 @@ def add_common_args(
     p.add_argument("--eval-prompts", type=int, default=8, help="0 disables the held-out tau")
     p.add_argument("--eval-max-new-tokens", type=int, default=64)
     p.add_argument(
+        "--eval-every-minutes",
+        type=float,
+        default=None,
+        help="also evaluate each time the training wall time passes a multiple of this many minutes",
+    )
+    p.add_argument(
         "--eval-data",
         default=None,
         help="held-out conversations JSONL (the --data format): teacher-forced accuracy per position at "
@@ -84,7 +90,7 @@ def add_common_args(
 def common_config(args: argparse.Namespace) -> dict:
     """TrainConfig keyword arguments from the shared flags."""
     names = ("target", "data", "out", "epochs", "lr", "batch_tokens", "max_len", "warmup_ratio",
-             "grad_clip", "eval_every", "eval_workload", "eval_prompts", "eval_max_new_tokens", "eval_k", "eval_data",
+             "grad_clip", "eval_every", "eval_workload", "eval_prompts", "eval_max_new_tokens", "eval_k", "eval_data", "eval_every_minutes",
              "save_every", "resume", "seed", "dtype", "device", "max_steps", "time_budget", "features")  # fmt: skip
     return {n: getattr(args, n) for n in names} | {
         "progress": not args.no_progress,

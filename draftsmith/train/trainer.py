@@ -96,6 +96,8 @@ class TrainConfig:
     eval_max_new_tokens: int = 64
     eval_k: int | None = None  # drafted tokens per step when measuring tau; None = ttt_steps
     eval_data: str | None = None  # held-out conversations: teacher-forced accuracy per position
+    eval_every_minutes: float | None = None  # also evaluate each time training wall time passes a multiple
+    eval_at_start: bool = False  # held-out tau of the starting weights too, before the first step
     save_every: int | None = None  # None = eval_every; 0: only at the end of a run
     resume: bool = False
     seed: int = 0
@@ -231,7 +233,7 @@ def _train(cfg: TrainConfig, records: list[dict], fingerprint: dict, world: dist
             k: ckpt.state[k]
             for k in ("step", "epoch", "index", "tokens_seen", "wall_time_s", "tau", "commands")
         }
-        state |= {k: ckpt.state[k] for k in ("heldout_start", "heldout") if k in ckpt.state}
+        state |= {k: ckpt.state[k] for k in ("heldout_start", "heldout", "tau_start") if k in ckpt.state}
         metrics = ckpt.metrics
         at = state["step"]
         if at < total and (plan[at].epoch, plan[at].index) != (state["epoch"], state["index"]):
@@ -252,6 +254,12 @@ def _train(cfg: TrainConfig, records: list[dict], fingerprint: dict, world: dist
         heldout = lambda: score(method, held, held_batches, cfg.positions, autocast)  # noqa: E731
         if "heldout_start" not in state:
             state["heldout_start"] = heldout()  # where the draft stood before this run's first step
+    if prompts and cfg.eval_at_start and "tau_start" not in state:
+        state["tau_start"] = measure_tau(
+            target, model, prompts, k_eval, cfg.eval_max_new_tokens, drafter=cfg.method
+        )
+    period = 60.0 * cfg.eval_every_minutes if cfg.eval_every_minutes else None
+    next_eval = (math.floor(state["wall_time_s"] / period) + 1) * period if period else math.inf
 
     # ---- training loop -------------------------------------------------------------------------
     step, began = state["step"], time.perf_counter()
@@ -307,6 +315,9 @@ def _train(cfg: TrainConfig, records: list[dict], fingerprint: dict, world: dist
             "wall_time_s": round(state["wall_time_s"], 3),
         }
         evaluate = step == stop or (cfg.eval_every and step % cfg.eval_every == 0)
+        if state["wall_time_s"] >= next_eval:
+            evaluate = True
+            next_eval = (math.floor(state["wall_time_s"] / period) + 1) * period
         if main and prompts and evaluate:
             state["tau"] = rec["tau"] = measure_tau(
                 target, model, prompts, k_eval, cfg.eval_max_new_tokens, drafter=cfg.method
@@ -658,7 +669,7 @@ def _save(out: Path, method, optimizer, state: dict, metrics: list[dict], cfg, t
             "wall_time_s": round(state["wall_time_s"], 1),
             "tau": state["tau"],
             "tau_workload": cfg.eval_workload,
-            **{k: state[k] for k in ("heldout_start", "heldout") if k in state},
+            **{k: state[k] for k in ("heldout_start", "heldout", "tau_start") if k in state},
             "feature_layers": method.layers,
             **method.info(),
             "command": state["commands"][0],
@@ -693,6 +704,8 @@ def _check_args(cfg: TrainConfig) -> None:
         raise UserError(
             f"--eval-data {cfg.eval_data} not found; pass a conversations JSONL held out from --data"
         )
+    if cfg.eval_every_minutes is not None and not cfg.eval_every_minutes > 0:
+        raise UserError(f"--eval-every-minutes {cfg.eval_every_minutes} must be positive")
     if cfg.eval_k is not None and cfg.eval_k <= 0:
         raise UserError(f"--eval-k {cfg.eval_k} must be positive")
     if cfg.method in ("eagle3", "dflash") and cfg.init != "random" and not Path(cfg.init).is_dir():
