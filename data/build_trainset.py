@@ -53,6 +53,10 @@ def main() -> None:
     p.add_argument("--out", required=True, help="prefix: writes PREFIX.train.jsonl and PREFIX.heldout.jsonl")
     p.add_argument("--heldout-per-mille", type=int, default=50)
     p.add_argument("--flywheel", default="data/flywheel/sharegpt.*.jsonl*")
+    p.add_argument(
+        "--flywheel-first", type=int, default=None,
+        help="use only the first N flywheel conversations (its files only grow, so this rebuilds an older set)",
+    )  # fmt: skip
     args = p.parse_args()
     train = [line for path in STAGE4 for line in read(path)]
     heldout: list[str] = []
@@ -62,6 +66,8 @@ def main() -> None:
             cid = json.loads(line)["id"]
             if cid in seen:  # a shard's finished file and an older partial copy
                 continue
+            if args.flywheel_first is not None and len(seen) >= args.flywheel_first:
+                break
             seen.add(cid)
             (heldout if held_out(cid, args.heldout_per_mille) else train).append(line)
     random.Random(0).shuffle(train)
