@@ -5,7 +5,7 @@
 # run whose match_rate must be 1.0 for every method. Results land in benchmarks/results/.
 # MTP runs at k=3 (`@3`): each of its draft steps is a target-sized layer plus the target's 49k-row
 # LM head, about a quarter of a SmolLM2 forward, so long chains cost more than they return.
-# `bash benchmarks/speculators_smollm2.sh t0` (or t1, fp32, eagle3, eagle3-t1; several in a row) runs those parts;
+# `bash benchmarks/speculators_smollm2.sh t0` (or t1, fp32, eagle3, eagle3-t1, learned, learned-t1; several in a row) runs those parts;
 # WORKLOADS="code chat" limits the eagle3 parts to those workloads.
 # min_prob=0.2 cuts EAGLE-3 chains where the draft is unsure (best of 0.2/0.4/0.6 on 5 code prompts).
 # The hybrid drafts with suffix decoding where its expected accepted length is at least 2, else EAGLE-3
@@ -63,10 +63,20 @@ for part in ${parts}; do
                 --drafters "ar,ngram,suffix,${e3},${e3}:min_prob=0.2,${wide}${tree16},${hybrid}"
         done
         ;;
+    learned|learned-t1)
+        # Issue 22's table: the training-free drafters, both learned speculators, each in the
+        # suffix hybrid (min_score=2), one run per workload. learned-t1: the same at temperature 1.
+        temp=(--temperature 0) t=t0
+        [[ ${part} == learned-t1 ]] && temp=(--temperature 1 --seed 0) t=t1
+        for w in ${workloads}; do
+            run "speculators-learned-${w}-${t}" --workload "${w}" "${temp[@]}" \
+                --drafters "ar,ngram,suffix,${e3},${df},suffix:min_score=2+${e3},suffix:min_score=2+${df}"
+        done
+        ;;
     fp32)
         run "speculators-code-fp32" --workload code --dtype float32 --num-prompts 5 \
             --drafters "ar,ngram,suffix,${e3},${tree},${df},${mtp}"
         ;;
-    *) echo "unknown part ${part}: use t0, t1, fp32, eagle3 or eagle3-t1" >&2; exit 2 ;;
+    *) echo "unknown part ${part}: use t0, t1, fp32, eagle3, eagle3-t1, learned or learned-t1" >&2; exit 2 ;;
     esac
 done

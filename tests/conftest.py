@@ -47,6 +47,17 @@ def make_tiny_checkpoint(path, max_positions: int = 256, seed: int = 0) -> str:
     return str(path)
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """For modules of tiny models (`pytestmark = pytest.mark.usefixtures("one_thread")`): tiny matrices
+    gain nothing from threads, and on a shared 2-core machine OpenMP's spinning workers make them up
+    to 10x slower; the torchrun tests set OMP_NUM_THREADS=1 likewise."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory) -> str:
     return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny-llama"))

@@ -171,24 +171,14 @@ def safetensors_params(folder: Path) -> dict[str, int]:
 
 
 def _from_folder(folder: Path, target: ModelShape) -> DrafterCost:
+    from draftsmith.formats.kind import read_config, speculator_kind
+
+    cfg = read_config(folder)
     cfg_path = folder / "config.json"
-    if not cfg_path.is_file():
-        raise UserError(f"speculator folder {folder} has no config.json")
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise UserError(f"cannot read {cfg_path}: {e}") from None
-    arch = " ".join(cfg.get("architectures") or []).lower()
-    if "dflash" in arch:
-        kind = BLOCK
-    elif (
-        "eagle" in arch
-        or cfg.get("speculators_model_type") == "eagle3"
-        or (folder / "draftsmith.json").is_file()
-    ):
-        kind = AUTOREGRESSIVE
-    else:
+    found = speculator_kind(folder, cfg)
+    if found is None:
         raise UserError(f"{cfg_path} names no speculator architecture (EAGLE-3 or DFlash) in `architectures`")
+    kind = BLOCK if found == "dflash" else AUTOREGRESSIVE
     layer_cfg = cfg.get("transformer_layer_config") or cfg
     merged = {"vocab_size": target.vocab, **layer_cfg}
     net = shape_from_config(merged, folder.name, str(cfg_path))

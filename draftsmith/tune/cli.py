@@ -76,26 +76,16 @@ def add_tune_parser(sub) -> argparse.ArgumentParser:
 
 def speculator_method(folder: str) -> str:
     """eagle3 or dflash, from a speculator folder's config.json (any layout draftsmith loads)."""
-    path = Path(folder).expanduser()
-    cfg_path = path / "config.json"
-    if not cfg_path.is_file():
-        raise UserError(f"--from {folder}: no speculator there (no config.json); pass a speculator folder")
-    try:
-        cfg = json.loads(cfg_path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise UserError(f"--from {folder}: config.json is not readable JSON ({e})") from None
-    archs = set(cfg.get("architectures") or [])
-    if cfg.get("speculators_model_type") == "eagle3" or archs & {
-        "LlamaForCausalLMEagle3",
-        "Eagle3Speculator",
-    }:
-        return "eagle3"
-    if "DFlashDraftModel" in archs:
-        return "dflash"
-    raise UserError(
-        f"--from {folder}: not an EAGLE-3 or DFlash speculator (architectures {sorted(archs)}); "
-        "tune continues those two kinds"
-    )
+    from draftsmith.formats.kind import read_config, speculator_kind
+
+    cfg = read_config(folder)
+    kind = speculator_kind(folder, cfg)
+    if kind not in ("eagle3", "dflash"):
+        raise UserError(
+            f"--from {folder}: not an EAGLE-3 or DFlash speculator (architectures "
+            f"{sorted(cfg.get('architectures') or [])}); tune continues those two kinds"
+        )
+    return kind
 
 
 def cmd_tune(args) -> int:

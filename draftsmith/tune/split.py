@@ -11,8 +11,11 @@ regeneration, training or measuring.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
+import random
+from collections.abc import Callable
 from pathlib import Path
 
 from draftsmith.bench.workloads import Prompt, load_jsonl_prompts
@@ -83,6 +86,23 @@ def write_prompts(path: Path, prompts: list[Prompt]) -> None:
     from draftsmith.fileio import atomic_write_text
 
     atomic_write_text(path, "".join(json.dumps({"id": p.id, "messages": p.messages}) + "\n" for p in prompts))
+
+
+def traffic_main(description: str, make: Callable[[random.Random], str], prefix: str) -> None:
+    """The command line of a traffic generator (`examples/*/make_traffic.py`): `--num` distinct
+    requests from `make(rng)` with a fixed `--seed`, written to `--out` as `{"id", "prompt"}` lines."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--num", type=int, default=300)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    rng = random.Random(args.seed)
+    seen: dict[str, None] = {}
+    while len(seen) < args.num:
+        seen.setdefault(make(rng))
+    lines = [json.dumps({"id": f"{prefix}-{i}", "prompt": text}) + "\n" for i, text in enumerate(seen)]
+    Path(args.out).write_text("".join(lines))
+    print(f"{len(lines)} requests -> {args.out}")
 
 
 def _content(p: Prompt) -> str:

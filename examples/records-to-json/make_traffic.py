@@ -10,9 +10,9 @@ data the shipped speculators were trained on.
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
+
+from draftsmith.tune.split import traffic_main
 
 FIRST = ["Maria", "James", "Aiko", "Lucas", "Fatima", "Oliver", "Ingrid", "Mateo", "Chen", "Amara", "Noah",
          "Sofia", "Ravi", "Elena", "Kwame", "Hannah", "Diego", "Yuki", "Omar", "Clara"]  # fmt: skip
@@ -72,24 +72,5 @@ def request(rng: random.Random) -> str:
     return ask.format(k=keys, t=text)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--num", type=int, default=300)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", required=True)
-    args = p.parse_args()
-    rng = random.Random(args.seed)
-    seen: set[str] = set()
-    lines = []
-    while len(lines) < args.num:
-        text = request(rng)
-        if text not in seen:
-            seen.add(text)
-            lines.append(json.dumps({"id": f"rec-{len(lines)}", "prompt": text}) + "\n")
-    with open(args.out, "w") as f:
-        f.writelines(lines)
-    print(f"{len(lines)} requests -> {args.out}")
-
-
 if __name__ == "__main__":
-    main()
+    traffic_main(__doc__.splitlines()[0], request, "rec")

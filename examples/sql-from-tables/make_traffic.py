@@ -11,9 +11,9 @@ library code).
 
 from __future__ import annotations
 
-import argparse
-import json
 import random
+
+from draftsmith.tune.split import traffic_main
 
 TABLES = {
     "orders": [("order_id", "INTEGER"), ("customer_name", "TEXT"), ("amount", "REAL"), ("status", "TEXT"),
@@ -80,24 +80,5 @@ def request(rng: random.Random) -> str:
     return rng.choice(INTRO).format(t=table, cols=listed) + " " + rng.choice(ASK).format(q=q, q2=q2)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--num", type=int, default=300)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", required=True)
-    args = p.parse_args()
-    rng = random.Random(args.seed)
-    seen: set[str] = set()
-    lines = []
-    while len(lines) < args.num:
-        text = request(rng)
-        if text not in seen:
-            seen.add(text)
-            lines.append(json.dumps({"id": f"sql-{len(lines)}", "prompt": text}) + "\n")
-    with open(args.out, "w") as f:
-        f.writelines(lines)
-    print(f"{len(lines)} requests -> {args.out}")
-
-
 if __name__ == "__main__":
-    main()
+    traffic_main(__doc__.splitlines()[0], request, "sql")

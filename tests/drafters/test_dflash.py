@@ -14,12 +14,7 @@ from draftsmith.drafters.dflash import DFlashModel, make_config
 LAYER_IDS = {"llama": [0, 1], "qwen3": [0, 1], "qwen3_5": [0, 1, 3]}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make_drafter(target, path, kind="llama", block_size=5, layers=2, seed=0, std=0.2):

@@ -11,13 +11,7 @@ from draftsmith.drafters.dflash import DFlashModel, make_config
 from draftsmith.train import dflash_objective as obj
 from draftsmith.train.dflash_objective import Blocks, block_mask, dflash_loss, loss_weights, sample_blocks
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_loss_weights():

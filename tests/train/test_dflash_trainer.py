@@ -19,12 +19,7 @@ from draftsmith.train.dflash_cli import main
 SMALL = ["--block-size", 4, "--layers", 1, "--anchors", 8, "--target-layers", "0,1"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_overfit_loss_decreases_and_engine_tau(sharp_target, files, tmp_path):  # noqa: F811

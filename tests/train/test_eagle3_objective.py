@@ -12,13 +12,7 @@ S = 3
 DRAFT_VOCAB = 40
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matrices gain nothing from threads; on a shared 2-core machine OpenMP spinning costs 10x."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _setup(seed: int = 0, T: int = 12):

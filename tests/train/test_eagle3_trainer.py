@@ -37,14 +37,7 @@ CONVERSATIONS = [
 ]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny matrices gain nothing from threads, and on a shared 2-core machine OpenMP's spinning
-    workers make them 10x slower; the torchrun test sets OMP_NUM_THREADS=1 likewise."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ ones`). Float32, one thread, fixed seeds and step counts; each run takes 15-20 s
 from __future__ import annotations
 
 import pytest
-import torch
 from learnable import make_cycle_target, write_prompts
 
 from draftsmith.cli import main as cli
@@ -26,12 +25,7 @@ K = 7
 NEW_TOKENS = 40
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -21,13 +21,7 @@ from draftsmith.target.model import Target, load_target
 from draftsmith.train import checkpoint
 from draftsmith.train.mtp_cli import main
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_overfit_engine_tau_lossless_and_fine_tune(sharp_target, files, tmp_path):  # noqa: F811

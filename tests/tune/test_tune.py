@@ -8,7 +8,6 @@ import random
 from pathlib import Path
 
 import pytest
-import torch
 from learnable import make_cycle_target, write_prompts
 
 import draftsmith.tune.cli as tune_cli
@@ -17,13 +16,7 @@ from draftsmith.cli import main
 from draftsmith.errors import UserError
 from draftsmith.tune.split import holdout_count, parse_holdout, split_traffic
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,40 @@
+"""Which kind of speculator a folder holds, from its `config.json` alone (no weights read).
+
+One reader for every place that must tell an EAGLE-3 folder (ours, SGLang's, vLLM speculators') from
+a DFlash one (ours, z-lab's) or an MTP head saved by draftsmith: the simulator's drafter cost and
+`draftsmith tune`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from draftsmith.errors import UserError
+
+
+def read_config(folder: str | Path) -> dict:
+    """The folder's config.json as a dict; one-line UserErrors for a missing or unreadable one."""
+    path = Path(folder).expanduser() / "config.json"
+    if not path.is_file():
+        raise UserError(f"speculator folder {folder} has no config.json; pass a speculator folder")
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"cannot read {path}: {e}") from None
+    if not isinstance(cfg, dict):
+        raise UserError(f"{path} is not a JSON object")
+    return cfg
+
+
+def speculator_kind(folder: str | Path, cfg: dict | None = None) -> str | None:
+    """ "eagle3", "dflash", "draftsmith" (another head draftsmith saved, e.g. MTP) or None."""
+    cfg = read_config(folder) if cfg is None else cfg
+    arch = " ".join(cfg.get("architectures") or []).lower()
+    if "dflash" in arch:
+        return "dflash"
+    if "eagle" in arch or cfg.get("speculators_model_type") == "eagle3":
+        return "eagle3"
+    if (Path(folder).expanduser() / "draftsmith.json").is_file():
+        return "draftsmith"
+    return None
