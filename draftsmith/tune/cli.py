@@ -107,6 +107,9 @@ def cmd_tune(args) -> int:
     }
     state = _open_state(out, settings, args.resume)
     state["commands"] = [*state.get("commands", []), args.command_line]
+    if args.base and "from_weights_sha256" not in state:  # which weights the "before" row measured
+        weights = Path(args.base).expanduser() / "model.safetensors"
+        state["from_weights_sha256"] = _digest(str(weights)) if weights.is_file() else None
     t_start = time.perf_counter()
 
     # ---- split -----------------------------------------------------------------------------------
@@ -304,7 +307,7 @@ def _report(args, method, out: Path, state: dict, bench: dict, methods, data: Pa
         curve=points,
         method=method,
         traffic=args.traffic,
-        **{"from": state["settings"]["from"]},
+        **{"from": state["settings"]["from"], "from_weights_sha256": state.get("from_weights_sha256")},
         out=str(out),
         command=state["commands"][0],
         commands=state["commands"],
