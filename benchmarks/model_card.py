@@ -16,7 +16,7 @@ import json
 import os
 from pathlib import Path
 
-from training_curve import read_metrics, table
+from training_curve import heldout_table, read_metrics, table
 
 from draftsmith.bench.runner import method_k
 from draftsmith.drafters.registry import hybrid_sides
@@ -111,7 +111,19 @@ def card(folder: Path, benches: list[Path], data_note: str) -> str:
         "",
     ]
     if (folder / "metrics.jsonl").is_file():
-        lines += ["## Held-out tau against training step", "", table(read_metrics(folder), 0), ""]
+        metrics = read_metrics(folder)
+        held = heldout_table(metrics, rec.get("heldout_start"))
+        if held:
+            lines += [
+                "## Held-out curve",
+                "",
+                "Teacher-forced accuracy of each drafted position on the held-out conversations "
+                "(`--eval-data`) and the engine's tau on held-out prompts, against training minutes:",
+                "",
+                held,
+                "",
+            ]
+        lines += ["## Held-out tau against training step", "", table(metrics, 0), ""]
     rows = bench_rows(folder, benches)
     if rows:
         lines += [

@@ -44,6 +44,27 @@ def table(rows: list[dict], every: int) -> str:
     return "\n".join(lines)
 
 
+def heldout_table(rows: list[dict], start: dict | None = None) -> str:
+    """Teacher-forced accuracy per position on the held-out conversations (`--eval-data`) and the
+    engine tau, against wall minutes: one row per evaluation, the untrained start first."""
+    evals = [r for r in rows if r.get("heldout_acc")]
+    if not evals:
+        return ""
+    width = max(len(r["heldout_acc"]) for r in evals)
+    head = " | ".join(f"acc {i + 1}" for i in range(width))
+    lines = [f"| wall (min) | step | held-out loss | {head} | engine tau |", "|---" * (width + 4) + "|"]
+
+    def row(minutes: str, step: str, rec: dict, tau: float | None) -> str:
+        accs = " | ".join(f"{a:.3f}" for a in rec["heldout_acc"])
+        return f"| {minutes} | {step} | {rec['heldout_loss']:.3f} | {accs} | {'-' if tau is None else f'{tau:.2f}'} |"
+
+    if start and start.get("heldout_acc"):
+        lines.append(row("0", "0", start, None))
+    for r in evals:
+        lines.append(row(f"{r.get('wall_time_s', 0) / 60:.0f}", str(r["step"]), r, r.get("tau")))
+    return "\n".join(lines)
+
+
 def plot(rows: list[dict], out: Path) -> None:
     import matplotlib
 
