@@ -18,9 +18,10 @@ TRAINED = [
     ("eagle3-tree:{}/smollm2-135m-eagle3:topk=8:size=32", 7),
     ("eagle3-tree:{}/smollm2-135m-eagle3:topk=4:size=16", 7),
     ("dflash:{}/smollm2-135m-dflash", 7),
-    ("dflash:{}/smollm2-135m-dflash", 15),
+    ("dflash:{}/smollm2-135m-dflash", 3),
     ("mtp:{}/smollm2-135m-mtp", 3),
     ("suffix:min_score=2+eagle3:{}/smollm2-135m-eagle3:min_prob=0.2", 7),
+    ("suffix:min_score=2+dflash:{}/smollm2-135m-dflash", 7),
 ]
 
 PROMPTS = [
