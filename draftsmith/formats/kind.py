@@ -18,12 +18,17 @@ def read_config(folder: str | Path) -> dict:
     path = Path(folder).expanduser() / "config.json"
     if not path.is_file():
         raise UserError(f"speculator folder {folder} has no config.json; pass a speculator folder")
+    return read_json_object(path)
+
+
+def read_json_object(path: Path, what: str = "") -> dict:
+    """A JSON file that must hold an object; one-line UserErrors naming it (`what`: 'model config ')."""
     try:
         cfg = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
-        raise UserError(f"cannot read {path}: {e}") from None
+        raise UserError(f"cannot read {what}{path}: {e}") from None
     if not isinstance(cfg, dict):
-        raise UserError(f"{path} is not a JSON object")
+        raise UserError(f"{what}{path} is not a JSON object")
     return cfg
 
 

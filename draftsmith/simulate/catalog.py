@@ -14,12 +14,12 @@ treated as full attention: an upper bound on KV reads), biases and norms (a roun
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from draftsmith.errors import UserError
+from draftsmith.formats.kind import read_json_object
 
 _HF = "https://huggingface.co/{}/blob/main/config.json"
 
@@ -381,10 +381,5 @@ def load_model(spec: str) -> ModelShape:
         raise UserError(
             f"--model '{spec}' is neither a catalog model ({', '.join(CATALOG)}) nor a config.json path"
         )
-    try:
-        cfg = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise UserError(f"cannot read model config {path}: {e}") from None
-    if not isinstance(cfg, dict):
-        raise UserError(f"model config {path} is not a JSON object")
+    cfg = read_json_object(path, "model config ")
     return shape_from_config(cfg, path.parent.name or str(path), str(path))
