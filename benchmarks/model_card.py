@@ -74,6 +74,11 @@ def card(folder: Path, benches: list[Path], data_note: str) -> str:
             f"`{(cfg.get('architectures') or ['?'])[0]}`, hidden {cfg.get('hidden_size')}, "
             f"{cfg.get('num_hidden_layers')} layer(s)"
         )
+    budget = (
+        f" (its warmup and cosine followed the {train['time_budget'] / 60:.0f}-minute `--time-budget`, which ended it)"
+        if train.get("time_budget")
+        else ""
+    )
     lines = [
         f"# {folder.name}",
         "",
@@ -98,13 +103,7 @@ def card(folder: Path, benches: list[Path], data_note: str) -> str:
         f"- {data_note}" if data_note else "",
         "",
         "## Training",
-        f"- steps: {rec.get('steps')} of a {rec.get('total_steps')}-step schedule"
-        + (
-            f" (its warmup and cosine followed the {train['time_budget'] / 60:.0f}-minute `--time-budget`, which ended it)"
-            if train.get("time_budget")
-            else ""
-        )
-        + "; "
+        f"- steps: {rec.get('steps')} of a {rec.get('total_steps')}-step schedule{budget}; "
         f"{rec.get('tokens_seen', 0):,} tokens seen; wall time {rec.get('wall_time_s', 0) / 60:.0f} min "
         "on the 2-core CPU",
         f"- settings: lr {train.get('lr')}, {train.get('batch_tokens')} tokens per step, "
