@@ -18,8 +18,10 @@ Choices worth knowing:
 - `time_budget` (seconds of training wall time, evaluations and checkpoints included) is for a
   machine held for a fixed time, as a leased GPU is: the schedule's progress is then whichever is
   further along, steps over all planned steps or wall time over the budget, and the run ends when
-  either reaches 1, with the learning rate annealed to 0 on time. The step count then depends on
-  the machine's speed, so such a run is not step-for-step reproducible.
+  either reaches 1, with the learning rate annealed to 0 on time. The last step is chosen so that
+  it, the final evaluation and the final save (timed as the previous ones took) end within the
+  budget. The step count then depends on the machine's speed, so such a run is not step-for-step
+  reproducible.
 - Draft weights are fp32 master weights; with bfloat16 the step runs under CPU/CUDA autocast and
   the target runs in bf16. The target (and so the shared embedding) is frozen: it is not in the
   optimizer and runs in inference mode.
@@ -252,12 +254,17 @@ def _train(cfg: TrainConfig, records: list[dict], fingerprint: dict, world: dist
         )
         held_batches = heldout_batches([len(ex.input_ids) for ex in held], cfg.batch_tokens)
         heldout = lambda: score(method, held, held_batches, cfg.positions, autocast)  # noqa: E731
-        if "heldout_start" not in state:
-            state["heldout_start"] = heldout()  # where the draft stood before this run's first step
+    # Seconds the last evaluation and the last save took: a time-budgeted run keeps them in reserve,
+    # so that its final evaluation and save end within the budget rather than after it.
+    eval_s = save_s = 0.0
+    t_eval = time.perf_counter()
+    if heldout is not None and "heldout_start" not in state:
+        state["heldout_start"] = heldout()  # where the draft stood before this run's first step
     if prompts and cfg.eval_at_start and "tau_start" not in state:
         state["tau_start"] = measure_tau(
             target, model, prompts, k_eval, cfg.eval_max_new_tokens, drafter=cfg.method
         )
+    eval_s = time.perf_counter() - t_eval
     period = 60.0 * cfg.eval_every_minutes if cfg.eval_every_minutes else None
     next_eval = (math.floor(state["wall_time_s"] / period) + 1) * period if period else math.inf
 
@@ -272,10 +279,12 @@ def _train(cfg: TrainConfig, records: list[dict], fingerprint: dict, world: dist
         t0 = time.perf_counter()
         planned = plan[step]
         if cfg.time_budget:
-            # Where the schedule will stand once this step is done; ranks agree on their mean clock.
+            # Where the schedule will stand once this step, and then a final evaluation and save, are
+            # done; ranks agree on their mean clock (only rank 0 evaluates and saves).
             now = wall_before + time.perf_counter() - began + last_dt
-            wall = float(distributed.all_sum(world, torch.tensor([now], dtype=torch.float64))[0])
-            at_end = max((step + 1) / total, wall / world.size / cfg.time_budget)
+            clocks = distributed.all_sum(world, torch.tensor([now, eval_s + save_s], dtype=torch.float64))
+            wall = float(clocks[0]) / world.size + float(clocks[1])
+            at_end = max((step + 1) / total, wall / cfg.time_budget)
             lr = lr_at_progress(at_end, cfg.warmup_ratio, cfg.lr)
             if at_end >= 1.0:
                 stop = step + 1  # the last step: evaluate and save after it
@@ -318,6 +327,7 @@ def _train(cfg: TrainConfig, records: list[dict], fingerprint: dict, world: dist
         if state["wall_time_s"] >= next_eval:
             evaluate = True
             next_eval = (math.floor(state["wall_time_s"] / period) + 1) * period
+        t_eval = time.perf_counter()
         if main and prompts and evaluate:
             state["tau"] = rec["tau"] = measure_tau(
                 target, model, prompts, k_eval, cfg.eval_max_new_tokens, drafter=cfg.method
@@ -325,6 +335,9 @@ def _train(cfg: TrainConfig, records: list[dict], fingerprint: dict, world: dist
         if heldout is not None and evaluate:
             rec |= heldout()
             state["heldout"] = {k: rec[k] for k in ("heldout_loss", "heldout_acc")}
+        if evaluate:
+            eval_s = time.perf_counter() - t_eval
+            state["wall_time_s"] = wall_before + time.perf_counter() - began
         metrics.append(rec)
         if main:
             with open(out / "metrics.jsonl", "a") as f:
@@ -337,7 +350,9 @@ def _train(cfg: TrainConfig, records: list[dict], fingerprint: dict, world: dist
                 tau=state["tau"],
             )
         if main and (step == stop or (save_every and step % save_every == 0)):
+            t_save = time.perf_counter()
             _save(out, method, optimizer, state, metrics, cfg, target.name)
+            save_s = time.perf_counter() - t_save
     bar.close()
     return {k: state[k] for k in ("step", "tokens_seen", "wall_time_s", "tau")} | {
         "total_steps": total,

@@ -19,7 +19,7 @@ from transformers import LlamaForCausalLM
 
 from draftsmith.data.tokenize import Example
 from draftsmith.drafters.eagle3 import load_eagle3
-from draftsmith.train import checkpoint
+from draftsmith.train import checkpoint, trainer
 from draftsmith.train.data import draft_vocab, pack, plan_batches, shard
 from draftsmith.train.eagle3_cli import main
 from draftsmith.train.target_pass import can_pack, target_pass
@@ -183,6 +183,42 @@ def test_time_budget_anneals_and_ends_on_time(sharp_target, files, tmp_path, mon
     assert all(a >= b for a, b in zip(lrs[peak:], lrs[peak + 1 :], strict=False))  # cosine after warmup
     info = json.loads((out / "draftsmith.json").read_text())
     assert info["steps"] == len(m) and info["train"]["time_budget"] == 60
+
+
+def test_time_budget_reserves_the_final_evaluation_and_save(sharp_target, files, tmp_path, monkeypatch):
+    """The last step is chosen so that the final evaluation and save end within the budget too: with
+    a held-out evaluation costing 20 s of a 60 s budget (fake clock: 0.1 s per reading), the run's
+    last save ends by 60 s after training began (the evaluation before the first step is outside the
+    budget)."""
+    now = [0.0]
+
+    def read() -> float:
+        now[0] += 0.1
+        return now[0]
+
+    monkeypatch.setattr("draftsmith.train.trainer.time.perf_counter", read)
+    real_score, real_save = trainer.score, trainer._save
+    seen: list[float] = []
+
+    def slow_score(*a, **kw):
+        seen.append(now[0])
+        now[0] += 20.0
+        return real_score(*a, **kw)
+
+    def timed_save(*a, **kw):
+        real_save(*a, **kw)
+        seen.append(now[0])
+
+    monkeypatch.setattr("draftsmith.train.trainer.score", slow_score)
+    monkeypatch.setattr("draftsmith.train.trainer._save", timed_save)
+    out = tmp_path / "timed"
+    common = ["--epochs", 1000, "--batch-tokens", 120, "--ttt-steps", 2, "--eval-prompts", 0]
+    common += ["--eval-data", files["data"], "--eval-every-minutes", 100]
+    assert main(_args(sharp_target, files, out, *common, "--time-budget", 60)) == 0
+    training_began = seen[0] + 20.0  # the first evaluation ran just before the first step
+    assert 50 < seen[-1] - training_began <= 61, seen  # without the reserve: about 80
+    info = json.loads((out / "draftsmith.json").read_text())
+    assert info["wall_time_s"] <= 61 and info["steps"] > 2 and "heldout" in info
 
 
 def test_init_continues_from_a_trained_speculator(sharp_target, files, tmp_path):
