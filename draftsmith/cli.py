@@ -26,7 +26,12 @@ def _add_target_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--target", default=DEFAULT_TARGET, help="smollm2-135m, gemma3-270m, HF folder, hub id or .gguf"
     )
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "bfloat16", "float32"],
+        help="auto: bfloat16 where the device computes it natively, else float32",
+    )
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
 
 

@@ -19,9 +19,11 @@ def machine_info() -> dict:
                     break
     except OSError:
         pass
+    flags = cpu_flags()
     info = {
         "cpu": cpu,
-        "native_bf16": cpu_has_native_bf16(cpu_flags()),
+        "native_bf16": cpu_has_native_bf16(flags),
+        "cpu_features": sorted(flags & _REPORTED_FLAGS),
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
@@ -36,6 +38,23 @@ def machine_info() -> dict:
 # AVX512-BF16) and aarch64's "bf16" feature. Without one, PyTorch emulates bf16 matrix products:
 # on an AVX2-only EPYC a 2048-token EAGLE-3 training step took 287 s in bf16 against 17 s in fp32.
 _BF16_FLAGS = frozenset({"amx_bf16", "avx512_bf16", "bf16"})
+
+
+# The vector and matrix extensions that decide which kernels a CPU runs fast.
+_REPORTED_FLAGS = frozenset(
+    {
+        "avx2",
+        "fma",
+        "avx512f",
+        "avx512_vnni",
+        "avx512_bf16",
+        "avx512_fp16",
+        "amx_tile",
+        "amx_bf16",
+        "amx_int8",
+    }
+    | {"avx_vnni", "asimd", "sve", "bf16", "i8mm"}
+)
 
 
 def cpu_flags() -> set[str]:
@@ -55,7 +74,7 @@ def cpu_has_native_bf16(flags: set[str]) -> bool:
     return bool(_BF16_FLAGS & flags)
 
 
-def auto_train_dtype(device: torch.device) -> str:
+def auto_dtype(device: torch.device) -> str:
     """bfloat16 where the device computes it natively, float32 elsewhere (where it is the faster
     one by far, and never less accurate)."""
     if device.type == "cuda":

@@ -3,12 +3,18 @@ the kind of folder `--target PATH` and hub ids load through the same from_pretra
 
 from __future__ import annotations
 
+import os
 import string
 
 import pytest
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+# The engine's fast path runs uncompiled in the suite: every tiny architecture would otherwise pay a
+# few torch.compile runs of several seconds each. The same layer function runs either way; the
+# compiled one is checked in tests/target/test_lean_decoder.py and the SmolLM2 lossless tests.
+os.environ.setdefault("DRAFTSMITH_COMPILE", "0")
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

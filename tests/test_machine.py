@@ -17,12 +17,12 @@ def test_native_bf16_needs_a_bf16_flag():
     assert not machine.cpu_has_native_bf16(set())
 
 
-def test_auto_train_dtype_follows_the_cpu(monkeypatch):
+def test_auto_dtype_follows_the_cpu(monkeypatch):
     cpu = torch.device("cpu")
     monkeypatch.setattr(machine, "cpu_flags", lambda: {"avx2", "fma"})
-    assert machine.auto_train_dtype(cpu) == "float32"
+    assert machine.auto_dtype(cpu) == "float32"
     monkeypatch.setattr(machine, "cpu_flags", lambda: {"avx2", "amx_bf16"})
-    assert machine.auto_train_dtype(cpu) == "bfloat16"
+    assert machine.auto_dtype(cpu) == "bfloat16"
 
 
 def test_machine_info_records_native_bf16():

@@ -14,6 +14,7 @@ def bench_table(result: dict) -> Table:
     title = (
         f"{result['target']} | {result['workload']} | {result['num_prompts']} prompts x "
         f"{result['max_new_tokens']} tokens | T={result['temperature']} | k={result['k']} | {result['dtype']}"
+        + (f" | {result['engine_path']}" if result.get("engine_path") else "")
     )
     table = Table(title=title)
     for col in ("method", "tau", "a1..a4", "decode tok/s", "e2e tok/s", "speedup", "match"):

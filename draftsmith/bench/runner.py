@@ -158,6 +158,7 @@ def run_bench(
         "target": target.name,
         "dtype": str(target.dtype).removeprefix("torch."),
         "device": str(target.device),
+        "engine_path": target.path,
         "temperature": sampling.temperature,
         "top_p": sampling.top_p,
         "top_k": sampling.top_k,

@@ -274,7 +274,12 @@ def add_features_parser(subparsers) -> argparse.ArgumentParser:
     """Add `features` to the subparsers of `draftsmith data`."""
     p = subparsers.add_parser("features", help="write the target's hidden states for training data to disk")
     p.add_argument("--target", default="smollm2-135m", help="smollm2-135m, HF folder, hub id or .gguf")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "bfloat16", "float32"],
+        help="auto: bfloat16 where the device computes it natively, else float32",
+    )
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
     p.add_argument("--data", required=True, help="conversations .jsonl (from `draftsmith data regenerate`)")
     p.add_argument("--max-len", type=int, default=2048, help="tokens per example, as in training")

@@ -29,6 +29,7 @@ from draftsmith.drafters.base import Draft
 from draftsmith.drafters.dflash import DFlashModel, load_dflash
 from draftsmith.drafters.registry import check_probability, register, split_path_options
 from draftsmith.errors import UserError
+from draftsmith.target.packed import use_fast_linear
 
 
 class _ContextKV:
@@ -132,6 +133,7 @@ class DFlashFactory:
             return
         embed, head = target.model.get_input_embeddings(), target.model.get_output_embeddings()
         self.model = load_dflash(self.path, embed, head, dtype=target.dtype).to(target.device)
+        use_fast_linear(self.model)  # the block's products, as the target's (its head is the target's)
         self.needs_features = tuple(self.model.target_layer_ids)
         if max(self.needs_features) >= target.num_layers or min(self.needs_features) < 0:
             raise UserError(

@@ -30,7 +30,7 @@ from draftsmith.drafters.base import Draft
 from draftsmith.drafters.eagle3 import Eagle3Model, load_eagle3
 from draftsmith.drafters.registry import check_probability, register, split_path_options
 from draftsmith.errors import UserError
-from draftsmith.target.gemv import use_gemv
+from draftsmith.target.packed import use_fast_linear
 
 
 class _KV:
@@ -242,7 +242,7 @@ class Eagle3Factory:
         if self.model is None:
             embed = target.model.get_input_embeddings()
             self.model = load_eagle3(self.path, embed, dtype=target.dtype).to(target.device)
-            use_gemv(self.model)  # draft steps are one-row products, as the target's decode steps
+            use_fast_linear(self.model)  # draft steps are one-row products, as the target's decode steps
             self.needs_features = tuple(self.model.feature_layers)
             if len(self.needs_features) != 3:
                 raise UserError(

@@ -29,8 +29,8 @@ from draftsmith.decoding.sampling import SamplingParams, draft_generator, target
 from draftsmith.drafters.base import Draft
 from draftsmith.drafters.mtp import MTPCache, MTPHead, load_head
 from draftsmith.drafters.registry import register
-from draftsmith.target.gemv import use_gemv
 from draftsmith.target.model import FINAL_HIDDEN
+from draftsmith.target.packed import use_fast_linear
 
 
 class MTPDrafter:
@@ -131,7 +131,7 @@ class MTPFactory:
     def bind(self, target, sampling: SamplingParams) -> None:
         if self.head is None:
             self.head = load_head(target, self.path)
-            use_gemv(self.head)  # its layer and fc (the LM head is the target's, already switched)
+            use_fast_linear(self.head)  # its layer and fc (the LM head is the target's, already switched)
         self.sampling = None if sampling.greedy else sampling
         self.seed = sampling.seed if sampling.seed is not None else torch.seed()
 

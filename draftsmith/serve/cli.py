@@ -16,7 +16,12 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
     p.add_argument(
         "--target", default="smollm2-135m", help="smollm2-135m, gemma3-270m, HF folder, hub id or .gguf"
     )
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "bfloat16", "float32"],
+        help="auto: bfloat16 where the device computes it natively, else float32",
+    )
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
     p.add_argument(
         "--drafter", default="ngram", help="ar, ngram, suffix, eagle3:PATH, ... (NAME or NAME:ARG)"

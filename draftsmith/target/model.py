@@ -8,6 +8,7 @@ head only where logits are needed. It does not know about drafts, acceptance or 
 from __future__ import annotations
 
 import inspect
+import os
 from dataclasses import dataclass
 
 import torch
@@ -15,9 +16,10 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 from transformers.utils import logging as hf_logging
 
 from draftsmith.errors import UserError
-from draftsmith.target import attention
+from draftsmith.machine import auto_dtype
+from draftsmith.target import attention, lean_decoder
 from draftsmith.target.cache import RaggedCache
-from draftsmith.target.gemv import use_gemv
+from draftsmith.target.packed import use_fast_linear
 
 # Feature id of the final-normed hidden state, the tensor the LM head reads (what MTP heads consume).
 # Ids >= 0 are decoder-layer outputs.
@@ -26,9 +28,13 @@ FINAL_HIDDEN = -1
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32}
 
 
-def parse_dtype(name: str) -> torch.dtype:
+def parse_dtype(name: str, device: torch.device | None = None) -> torch.dtype:
+    """`auto` is bfloat16 where the device computes it natively (a GPU, an AMX or AVX512-BF16 CPU)
+    and float32 elsewhere, where emulated bf16 products run several times slower."""
+    if name == "auto":
+        return DTYPES[auto_dtype(device or torch.device("cpu"))]
     if name not in DTYPES:
-        raise UserError(f"unknown --dtype '{name}': use bfloat16 or float32")
+        raise UserError(f"unknown --dtype '{name}': use auto, bfloat16 or float32")
     return DTYPES[name]
 
 
@@ -53,7 +59,7 @@ class Target:
 
     def __init__(self, model: PreTrainedModel, tokenizer, name: str, gguf_path: str | None = None) -> None:
         self.model = model.eval()
-        use_gemv(self.model)  # one-row products through torch.mv on CPU bf16 (decode steps)
+        use_fast_linear(self.model)  # prepacked oneDNN products on a CPU (see target/packed.py)
         self.tokenizer = tokenizer
         self.name = name
         self.gguf_path = gguf_path
@@ -78,6 +84,21 @@ class Target:
                 f"target architecture {type(self.base).__name__} mixes layer types we cannot mask"
             )
         self.eos_ids = _eos_ids(model, tokenizer)
+        # The fast forward (target/lean_decoder.py) where the architecture allows it; built lazily.
+        self.lean_ok = lean_decoder.enabled(self.device) and lean_decoder.supports(model)
+        self._lean: lean_decoder.LeanDecoder | None = None
+
+    @property
+    def path(self) -> str:
+        """Which forward the engine's steps take: "lean" (compiled or not) or "stock" (transformers)."""
+        if not self.lean_ok:
+            return "stock"
+        return "lean" if os.environ.get("DRAFTSMITH_COMPILE", "1") == "0" else "lean-compiled"
+
+    def lean(self) -> lean_decoder.LeanDecoder:
+        if self._lean is None:
+            self._lean = lean_decoder.LeanDecoder(self.model)
+        return self._lean
 
     # --- cost facts the simulator and reports use -----------------------------------------------
 
@@ -122,6 +143,8 @@ class Target:
         With `tree`, token j of a row sits at position length + depth[j] and attends to the cache and
         to its ancestors only, so a whole draft tree is verified in one forward."""
         b, q = input_ids.shape
+        if self.lean_ok and rows is None and not cache.has_recurrent_state:
+            return self._lean_forward(cache, input_ids, logit_index, feature_layers, tree)
         positions = cache.begin(rows, q)
         stock_attention = self.config._attn_implementation
         try:
@@ -159,6 +182,35 @@ class Target:
                 dim=2,
             )
         return ForwardOut(logits=logits, features=feats)
+
+    def _lean_forward(self, cache, input_ids, logit_index, feature_layers, tree) -> ForwardOut:
+        b, q = input_ids.shape
+        slots = cache.begin(None, q)
+        try:
+            kv_len = cache._kv_len
+            if tree is None:
+                positions = slots
+                mask = self._masks(slots, kv_len)
+                if mask is None:
+                    mask = torch.ones(1, 1, 1, kv_len, dtype=torch.bool)
+            else:
+                mask, positions = self._tree_masks(slots, tree, kv_len)
+            if isinstance(mask, dict):  # every layer is full attention on this path
+                mask = mask["full_attention"]
+            layers = [cache.keys[i] for i in self.attention_layers]
+            values = [cache.values[i] for i in self.attention_layers]
+            keep = tuple(i for i in feature_layers if i != FINAL_HIDDEN)
+            hidden, kept = self.lean().forward(layers, values, input_ids, slots, positions, mask, keep)
+        finally:
+            cache.end()
+        feats = None
+        if feature_layers:
+            # As in transformers' hidden_states, the last layer's output is the final-normed one.
+            final = (FINAL_HIDDEN, self.num_layers - 1)
+            feats = torch.stack([hidden if i in final else kept[i] for i in feature_layers], dim=2)
+        if logit_index is not None:
+            hidden = hidden[torch.arange(b), logit_index][:, None]
+        return ForwardOut(logits=self._lean.logits(hidden), features=feats)
 
     def _tree_masks(self, slots: torch.Tensor, tree, kv_len: int):
         depth, anc = tree
@@ -217,13 +269,14 @@ def _eos_ids(model: PreTrainedModel, tokenizer) -> set[int]:
     return ids
 
 
-def load_target(spec: str, dtype: str = "bfloat16", device: str = "cpu") -> Target:
+def load_target(spec: str, dtype: str = "auto", device: str = "cpu") -> Target:
     """Resolve `--target` (embedded name, HF folder, hub id, .gguf) and load it."""
     from draftsmith.target.resolve import resolve_target
 
     resolved = resolve_target(spec)
     hf_logging.disable_progress_bar()  # a load of a converted checkpoint takes a second; no bars
-    torch_dtype, dev = parse_dtype(dtype), parse_device(device)
+    dev = parse_device(device)
+    torch_dtype = parse_dtype(dtype, dev)
     try:
         config = AutoConfig.from_pretrained(resolved.model_path)
         tokenizer = AutoTokenizer.from_pretrained(resolved.model_path)

@@ -48,7 +48,7 @@ from draftsmith.drafters import dflash
 from draftsmith.drafters.eagle3 import Eagle3Model, default_feature_layers, load_eagle3, make_config
 from draftsmith.drafters.mtp import build_head, load_head, save_head
 from draftsmith.errors import UserError
-from draftsmith.machine import auto_train_dtype
+from draftsmith.machine import auto_dtype
 from draftsmith.target.model import FINAL_HIDDEN, load_target, parse_device, parse_dtype
 from draftsmith.train import checkpoint, distributed
 from draftsmith.train.data import draft_vocab, load_conversations, pack, plan_batches, shard, tokenize_dataset
@@ -190,7 +190,7 @@ def train(cfg: TrainConfig) -> dict:
     _check_out(cfg, fingerprint)
     device = parse_device(cfg.device)
     if cfg.dtype == "auto":
-        cfg.dtype = auto_train_dtype(device)
+        cfg.dtype = auto_dtype(device)
     parse_dtype(cfg.dtype)
     world = distributed.init(device)
     try:

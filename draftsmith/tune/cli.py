@@ -65,7 +65,10 @@ def add_tune_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=None, help="default: 3e-4 (EAGLE-3), 6e-4 (DFlash)")
     p.add_argument("--batch-tokens", type=int, default=None, help="tokens per optimizer step (default 1024)")
     p.add_argument(
-        "--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="target, for answers and bench"
+        "--dtype",
+        default="auto",
+        choices=["auto", "bfloat16", "float32"],
+        help="target, for answers and bench (auto: bfloat16 where native, else float32)",
     )
     p.add_argument("--seed", type=int, default=0, help="split and training seed")
     p.add_argument("--resume", action="store_true", help="continue an interrupted tune in OUT")

@@ -34,7 +34,12 @@ PROMPTS = [
 def smollm2():
     from draftsmith.target.model import load_target
 
-    return load_target("smollm2-135m", dtype="float32")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DRAFTSMITH_COMPILE", "1")  # the default path, compiled, as users run it
+        target = load_target("smollm2-135m", dtype="float32")
+        assert target.path == "lean-compiled"
+        target.lean()
+    return target
 
 
 @pytest.fixture(scope="module")
