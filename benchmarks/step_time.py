@@ -12,6 +12,7 @@ Paths (each a fresh load of the target with the switches set):
   packed    transformers' modules on prepacked oneDNN weights (target/packed.py)
   lean      the lean decoder forward, uncompiled (target/lean_decoder.py)
   compiled  the lean decoder forward, its layer compiled by torch.compile (the default)
+  int8      compiled, on a weight-only int8 copy of the target (`--quantize int8`; another model)
 
     .venv/bin/python benchmarks/step_time.py                             # float32 and bfloat16
     .venv/bin/python benchmarks/step_time.py --dtypes float32 --paths before,compiled --q 1,8
@@ -43,19 +44,21 @@ PATHS = {
     "packed": {"DRAFTSMITH_FAST": "0", "DRAFTSMITH_PACK": "1", "DRAFTSMITH_COMPILE": "0"},
     "lean": {"DRAFTSMITH_FAST": "1", "DRAFTSMITH_PACK": "1", "DRAFTSMITH_COMPILE": "0"},
     "compiled": {"DRAFTSMITH_FAST": "1", "DRAFTSMITH_PACK": "1", "DRAFTSMITH_COMPILE": "1"},
+    "int8": {"DRAFTSMITH_FAST": "1", "DRAFTSMITH_PACK": "1", "DRAFTSMITH_COMPILE": "1"},
 }
 
 
 def step_bytes(target, context: int) -> int:
     """Bytes one forward reads: the weight matrices (the embedding table only as the LM head, and
-    only once when tied) and the cached keys and values of `context` tokens."""
+    only once when tied; one byte per weight for an int8 target) and the cached keys and values of
+    `context` tokens."""
     seen, total = set(), 0
     for m in target.model.modules():
         w = getattr(m, "weight", None)
         if isinstance(m, torch.nn.Embedding) or w is None or w.data_ptr() in seen:
             continue
         seen.add(w.data_ptr())
-        total += w.numel() * w.element_size()
+        total += w.numel() * (1 if target.quantize == "int8" else w.element_size())
     cfg = target.config
     heads = cfg.num_attention_heads
     kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
@@ -86,7 +89,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default="smollm2-135m")
     p.add_argument("--dtypes", default="float32,bfloat16")
-    p.add_argument("--paths", default=",".join(PATHS))
+    p.add_argument("--paths", default="before,packed,lean,compiled")
     p.add_argument("--q", default="1,2,4,8,16")
     p.add_argument("--contexts", default="256,4096")
     p.add_argument("--repeats", type=int, default=15)
@@ -105,7 +108,7 @@ def main() -> int:
     for dtype in args.dtypes.split(","):
         for path in args.paths.split(","):
             os.environ.update(PATHS[path])
-            target = load_target(args.target, dtype)
+            target = load_target(args.target, dtype, quantize="int8" if path == "int8" else "none")
             for context in contexts:
                 roof_ms = 1e3 * step_bytes(target, context) / bandwidth
                 for q in qs:

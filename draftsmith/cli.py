@@ -33,6 +33,12 @@ def _add_target_args(p: argparse.ArgumentParser) -> None:
         help="auto: bfloat16 where the device computes it natively, else float32",
     )
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
+    p.add_argument(
+        "--quantize",
+        default="none",
+        choices=["none", "int8"],
+        help="int8: weight-only int8 target on a CPU (exact against the quantized target, not the original)",
+    )
 
 
 def _add_sampling_args(p: argparse.ArgumentParser) -> None:
@@ -157,7 +163,7 @@ def cmd_generate(args) -> int:
     if not args.prompt.strip():
         raise UserError("empty prompt: give the text to answer, e.g. draftsmith generate 'Write a haiku'")
     factory = registry.build(args.drafter)
-    target = load_target(args.target, args.dtype, args.device)
+    target = load_target(args.target, args.dtype, args.device, args.quantize)
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
         {"role": "user", "content": args.prompt}
     ]
@@ -241,7 +247,7 @@ def cmd_bench(args) -> int:
     if not prompts:
         raise UserError(f"workload '{args.workload}' has no prompts")
     t0 = time.perf_counter()
-    target = load_target(args.target, args.dtype, args.device)
+    target = load_target(args.target, args.dtype, args.device, args.quantize)
     ids = [encode_messages(target.tokenizer, p.messages) for p in prompts]
     too_long = [
         p.id for p, x in zip(prompts, ids, strict=True) if len(x) + args.max_new_tokens > target.max_context

@@ -35,8 +35,11 @@ if ! command -v chromium >/dev/null && command -v apt-get >/dev/null; then
 fi
 
 if [[ "${with_peers}" == 1 ]]; then
-    # A native build of llama.cpp crashed in decode on these CPUs (AMX): build without it.
+    # A native build of llama.cpp crashed in decode on these CPUs (AMX): build without it. AVX512
+    # only where the CPU has it (an AVX512 build dies with an illegal instruction on AVX2-only CPUs).
+    avx512=OFF
+    grep -qw avx512f /proc/cpuinfo 2>/dev/null && avx512=ON
     .venv/bin/python -c "import llama_cpp" 2>/dev/null || CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON \
--DGGML_AVX512=ON -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" "${pip[@]}" "llama-cpp-python>=0.3"
+-DGGML_AVX512=${avx512} -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" "${pip[@]}" "llama-cpp-python>=0.3"
 fi
 echo "draftsmith is set up in ${repo_root}/.venv"

@@ -24,6 +24,9 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
     )
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
     p.add_argument(
+        "--quantize", default="none", choices=["none", "int8"], help="int8: weight-only int8 target (CPU)"
+    )
+    p.add_argument(
         "--drafter", default="ngram", help="ar, ngram, suffix, eagle3:PATH, ... (NAME or NAME:ARG)"
     )
     p.add_argument("--k", type=int, default=8, help="drafted tokens per step")
@@ -73,7 +76,7 @@ def cmd_serve(args) -> int:
     from draftsmith.target.model import load_target
 
     factory = registry.build(args.drafter)
-    target = load_target(args.target, args.dtype, args.device)
+    target = load_target(args.target, args.dtype, args.device, args.quantize)
     if target.tokenizer is None:
         raise UserError(f"target '{args.target}' has no tokenizer: serve needs one to read text")
     max_len = args.max_model_len or target.max_context

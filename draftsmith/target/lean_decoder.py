@@ -36,6 +36,11 @@ import torch
 import torch.nn.functional as F
 
 from draftsmith.target.packed import can_pack, pack_weight, packed_linear
+from draftsmith.target.quantize import int8_linear, quantize_int8
+
+# A linear layer's weight as the layer function takes it: the matrix (plain, oneDNN-packed or
+# int8) and, for int8, the per-row scales.
+Weight = tuple[torch.Tensor, torch.Tensor | None]
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 
@@ -87,7 +92,7 @@ def enabled(device: torch.device) -> bool:
 class LeanDecoder:
     """The fast forward of one loaded model; built by `Target` when `supports` and `enabled` hold."""
 
-    def __init__(self, model) -> None:
+    def __init__(self, model, quantize: str = "none") -> None:
         cfg = model.config.get_text_config()
         base = model.get_decoder()
         heads = cfg.num_attention_heads
@@ -103,7 +108,11 @@ class LeanDecoder:
         self.norm = base.norm.weight
         head = model.get_output_embeddings().weight
         dtype = head.dtype
-        self.pack = can_pack(dtype, head.device)
+        self.dtype = dtype
+        if quantize == "int8":
+            self.mode = "int8"
+        else:
+            self.mode = "packed" if can_pack(dtype, head.device) else "plain"
         self.head = self._weight(head)
         self.layers = [self._layer(layer) for layer in base.layers]
         self.layer_fn = _layer
@@ -114,8 +123,11 @@ class LeanDecoder:
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
             self.layer_fn = torch.compile(_layer, dynamic=True, fullgraph=True)
 
-    def _weight(self, w: torch.Tensor) -> torch.Tensor:
-        return pack_weight(w) if self.pack else w.detach()
+    def _weight(self, w: torch.Tensor) -> Weight:
+        if self.mode == "int8":
+            q, scale = quantize_int8(w)
+            return q, scale.to(self.dtype)
+        return (pack_weight(w) if self.mode == "packed" else w.detach()), None
 
     def _layer(self, layer) -> dict:
         a, m = layer.self_attn, layer.mlp
@@ -148,23 +160,25 @@ class LeanDecoder:
         slots: torch.Tensor,  # [b, q] cache positions the new tokens are written at
         positions: torch.Tensor,  # [b, q] their positions for RoPE (slots, or length + depth in a tree)
         mask: torch.Tensor,  # [b, 1, q, kv] bool, True = may attend
+        rows: torch.Tensor | None = None,  # [b] the cache rows these are, or None for rows 0..b-1
         keep_layers: tuple[int, ...] = (),
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """Final-normed hidden states [b, q, hidden] and the outputs of `keep_layers`."""
         x = self.embed(input_ids)
         cos, sin = self.rotary(x, positions)
-        rows = torch.arange(input_ids.shape[0])[:, None]
+        subset = rows is not None
+        rows = (torch.arange(input_ids.shape[0]) if rows is None else rows)[:, None]
         kept: dict[int, torch.Tensor] = {}
         for i, w in enumerate(self.layers):
-            x = self.layer_fn(x, cos, sin, keys[i], values[i], rows, slots, mask, w, self.shape, self.pack)
+            x = self.layer_fn(
+                x, cos, sin, keys[i], values[i], rows, subset, slots, mask, w, self.shape, self.mode
+            )
             if i in keep_layers:
                 kept[i] = x
         return _rms(x, self.norm, self.shape.eps), kept
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.pack:
-            return packed_linear(hidden, self.head).float()
-        return F.linear(hidden, self.head).float()
+        return _linear(hidden, self.head, None, self.mode).float()
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -178,10 +192,13 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
 
-def _linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, pack: bool) -> torch.Tensor:
-    if pack:
-        return packed_linear(x, w, bias)
-    return F.linear(x, w, bias)
+def _linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None, mode: str) -> torch.Tensor:
+    if mode == "packed":
+        return packed_linear(x, w[0], bias)
+    if mode == "int8":
+        y = int8_linear(x, w[0], w[1])
+        return y if bias is None else y + bias
+    return F.linear(x, w[0], bias)
 
 
 def _layer(
@@ -190,19 +207,20 @@ def _layer(
     sin: torch.Tensor,
     kbuf: torch.Tensor,  # [rows, kv_heads, capacity, dim]
     vbuf: torch.Tensor,
-    rows: torch.Tensor,  # [b, 1]
+    rows: torch.Tensor,  # [b, 1] the cache rows written and read
+    subset: bool,  # rows are not simply 0..b-1
     slots: torch.Tensor,  # [b, q]
     mask: torch.Tensor,  # [b, 1, q, kv]
     w: dict,
     s: Shape,
-    pack: bool,
+    mode: str,
 ) -> torch.Tensor:
     b, q, _ = x.shape
     kv = mask.shape[-1]
     h, kvh, d = s.heads, s.kv_heads, s.head_dim
     group = h // kvh
     y = _rms(x, w["n1"], s.eps)
-    qkv = _linear(y, w["wqkv"], w["bqkv"], pack)
+    qkv = _linear(y, w["wqkv"], w["bqkv"], mode)
     query, key, value = qkv.split([h * d, kvh * d, kvh * d], dim=-1)
     query, key = query.view(b, q, h, d), key.view(b, q, kvh, d)
     if w["qn"] is not None:
@@ -212,13 +230,16 @@ def _layer(
     # Advanced indices on dims 0 and 2 broadcast to [b, q] and lead: the written value is [b, q, kvh, d].
     kbuf[rows, :, slots] = key.transpose(1, 2)
     vbuf[rows, :, slots] = value.view(b, q, kvh, d)
-    keys, values = kbuf[:b, :, :kv], vbuf[:b, :, :kv]
+    if subset:  # a prefill group: gather its rows (a copy, once per prompt)
+        keys, values = kbuf[rows[:, 0], :, :kv], vbuf[rows[:, 0], :, :kv]
+    else:
+        keys, values = kbuf[:b, :, :kv], vbuf[:b, :, :kv]
     # Head j reads KV head j // group (repeat_kv's order): [b, h, q] folds into [b, kvh, group * q].
     scores = torch.matmul(query.reshape(b, kvh, group * q, d), keys.transpose(-1, -2)).float() * d**-0.5
     scores = scores.view(b, kvh, group, q, kv).masked_fill(~mask[:, :, None], float("-inf"))
     probs = torch.softmax(scores.view(b, kvh, group * q, kv), dim=-1).to(values.dtype)
     attn = torch.matmul(probs, values).view(b, h, q, d).transpose(1, 2).reshape(b, q, h * d)
-    x = x + _linear(attn, w["wo"], w["bo"], pack)
+    x = x + _linear(attn, w["wo"], w["bo"], mode)
     y = _rms(x, w["n2"], s.eps)
-    gate, up = _linear(y, w["wgu"], None, pack).split([s.intermediate, s.intermediate], dim=-1)
-    return x + _linear(F.silu(gate) * up, w["wd"], None, pack)
+    gate, up = _linear(y, w["wgu"], None, mode).split([s.intermediate, s.intermediate], dim=-1)
+    return x + _linear(F.silu(gate) * up, w["wd"], None, mode)

@@ -20,6 +20,7 @@ from draftsmith.machine import auto_dtype
 from draftsmith.target import attention, lean_decoder
 from draftsmith.target.cache import RaggedCache
 from draftsmith.target.packed import use_fast_linear
+from draftsmith.target.quantize import QUANTIZE
 
 # Feature id of the final-normed hidden state, the tensor the LM head reads (what MTP heads consume).
 # Ids >= 0 are decoder-layer outputs.
@@ -57,7 +58,14 @@ class ForwardOut:
 class Target:
     """A loaded causal LM plus what the engine needs to know about it."""
 
-    def __init__(self, model: PreTrainedModel, tokenizer, name: str, gguf_path: str | None = None) -> None:
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer,
+        name: str,
+        gguf_path: str | None = None,
+        quantize: str = "none",
+    ) -> None:
         self.model = model.eval()
         use_fast_linear(self.model)  # prepacked oneDNN products on a CPU (see target/packed.py)
         self.tokenizer = tokenizer
@@ -87,17 +95,26 @@ class Target:
         # The fast forward (target/lean_decoder.py) where the architecture allows it; built lazily.
         self.lean_ok = lean_decoder.enabled(self.device) and lean_decoder.supports(model)
         self._lean: lean_decoder.LeanDecoder | None = None
+        if quantize not in QUANTIZE:
+            raise UserError(f"unknown --quantize '{quantize}': use {' or '.join(QUANTIZE)}")
+        if quantize != "none" and not self.lean_ok:
+            raise UserError(
+                f"--quantize {quantize} needs the lean CPU forward (a {'/'.join(lean_decoder.ARCHITECTURES)} "
+                f"target on --device cpu, DRAFTSMITH_FAST not 0), which {name} does not take: use --quantize none"
+            )
+        self.quantize = quantize
 
     @property
     def path(self) -> str:
         """Which forward the engine's steps take: "lean" (compiled or not) or "stock" (transformers)."""
         if not self.lean_ok:
             return "stock"
-        return "lean" if os.environ.get("DRAFTSMITH_COMPILE", "1") == "0" else "lean-compiled"
+        path = "lean" if os.environ.get("DRAFTSMITH_COMPILE", "1") == "0" else "lean-compiled"
+        return path if self.quantize == "none" else f"{path}-{self.quantize}"
 
     def lean(self) -> lean_decoder.LeanDecoder:
         if self._lean is None:
-            self._lean = lean_decoder.LeanDecoder(self.model)
+            self._lean = lean_decoder.LeanDecoder(self.model, self.quantize)
         return self._lean
 
     # --- cost facts the simulator and reports use -----------------------------------------------
@@ -143,8 +160,8 @@ class Target:
         With `tree`, token j of a row sits at position length + depth[j] and attends to the cache and
         to its ancestors only, so a whole draft tree is verified in one forward."""
         b, q = input_ids.shape
-        if self.lean_ok and rows is None and not cache.has_recurrent_state:
-            return self._lean_forward(cache, input_ids, logit_index, feature_layers, tree)
+        if self.lean_ok and not cache.has_recurrent_state:
+            return self._lean_forward(cache, input_ids, rows, logit_index, feature_layers, tree)
         positions = cache.begin(rows, q)
         stock_attention = self.config._attn_implementation
         try:
@@ -183,9 +200,9 @@ class Target:
             )
         return ForwardOut(logits=logits, features=feats)
 
-    def _lean_forward(self, cache, input_ids, logit_index, feature_layers, tree) -> ForwardOut:
+    def _lean_forward(self, cache, input_ids, rows, logit_index, feature_layers, tree) -> ForwardOut:
         b, q = input_ids.shape
-        slots = cache.begin(None, q)
+        slots = cache.begin(rows, q)
         try:
             kv_len = cache._kv_len
             if tree is None:
@@ -200,7 +217,7 @@ class Target:
             layers = [cache.keys[i] for i in self.attention_layers]
             values = [cache.values[i] for i in self.attention_layers]
             keep = tuple(i for i in feature_layers if i != FINAL_HIDDEN)
-            hidden, kept = self.lean().forward(layers, values, input_ids, slots, positions, mask, keep)
+            hidden, kept = self.lean().forward(layers, values, input_ids, slots, positions, mask, rows, keep)
         finally:
             cache.end()
         feats = None
@@ -269,7 +286,7 @@ def _eos_ids(model: PreTrainedModel, tokenizer) -> set[int]:
     return ids
 
 
-def load_target(spec: str, dtype: str = "auto", device: str = "cpu") -> Target:
+def load_target(spec: str, dtype: str = "auto", device: str = "cpu", quantize: str = "none") -> Target:
     """Resolve `--target` (embedded name, HF folder, hub id, .gguf) and load it."""
     from draftsmith.target.resolve import resolve_target
 
@@ -283,4 +300,6 @@ def load_target(spec: str, dtype: str = "auto", device: str = "cpu") -> Target:
         model = AutoModelForCausalLM.from_pretrained(resolved.model_path, config=config, dtype=torch_dtype)
     except OSError as e:
         raise UserError(f"cannot load target '{spec}': {str(e).splitlines()[0]}") from None
-    return Target(model.to(dev), tokenizer, name=resolved.name, gguf_path=resolved.gguf_path)
+    return Target(
+        model.to(dev), tokenizer, name=resolved.name, gguf_path=resolved.gguf_path, quantize=quantize
+    )

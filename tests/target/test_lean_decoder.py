@@ -8,8 +8,10 @@ from tiny import OracleFactory, TreeOracleFactory, random_prompts, tiny_model, t
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from draftsmith.decoding.engine import generate
+from draftsmith.errors import UserError
 from draftsmith.target import lean_decoder
 from draftsmith.target.model import FINAL_HIDDEN, Target
+from draftsmith.target.quantize import quantize_int8
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -30,17 +32,20 @@ def _qwen2_with_bias() -> Target:
 def _forwards(t: Target, lean: bool):
     """Prefill of two rows, a ragged 4-token verification, a 1-token step and a tree forward."""
     t.lean_ok = lean
-    cache = t.new_cache(2, 64)
+    cache = t.new_cache(3, 64)
     g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, 96, (2, 9), generator=g)
-    outs = [t.forward(cache, ids, feature_layers=(0, 1, FINAL_HIDDEN))]
+    ids = torch.randint(0, 96, (3, 9), generator=g)
+    outs = [t.forward(cache, ids[:2], rows=torch.tensor([2, 0]), feature_layers=(0, 1, FINAL_HIDDEN))]
+    outs.append(t.forward(cache, ids[2:, :5], rows=torch.tensor([1])))  # prefill groups: rows by index
+    cache.advance(2, 9)
     cache.advance(0, 9)
-    cache.advance(1, 6)  # ragged from here on
-    outs.append(t.forward(cache, ids[:, :4], logit_index=torch.tensor([3, 1]), feature_layers=(1,)))
+    cache.advance(1, 5)  # ragged from here on
+    ids = ids[[2, 0, 1]]
+    outs.append(t.forward(cache, ids[:, :4], logit_index=torch.tensor([3, 1, 0]), feature_layers=(1,)))
     outs.append(t.forward(cache, ids[:, :1]))
-    depth = torch.tensor([[0, 1, 1, 2]] * 2)
+    depth = torch.tensor([[0, 1, 1, 2]] * 3)
     anc = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool)
-    outs.append(t.forward(cache, ids[:, 4:8], tree=(depth, anc.expand(2, 4, 4))))
+    outs.append(t.forward(cache, ids[:, 4:8], tree=(depth, anc.expand(3, 4, 4))))
     return outs
 
 
@@ -92,3 +97,36 @@ def test_compiled_speculative_decoding_equals_plain(monkeypatch):
 def test_switch_off_takes_the_stock_path(monkeypatch):
     monkeypatch.setenv("DRAFTSMITH_FAST", "0")
     assert tiny_target("llama").path == "stock"
+
+
+def test_int8_target_is_exact_against_itself_and_close_to_its_dequantized_weights(monkeypatch):
+    """`--quantize int8`: the lean forward equals transformers on the dequantized weights (q * scale),
+    and speculative decoding through the compiled int8 path equals plain int8 decoding."""
+    monkeypatch.setenv("DRAFTSMITH_COMPILE", "1")
+    model = tiny_model("llama", seed=7, scale=4.0)
+    q8 = Target(model, tokenizer=None, name="tiny-int8", quantize="int8")
+    assert q8.path == "lean-compiled-int8"
+    ref = tiny_model("llama", seed=7, scale=4.0)
+    with torch.no_grad():
+        for m in ref.modules():
+            if isinstance(m, torch.nn.Linear):
+                q, scale = quantize_int8(m.weight)
+                m.weight.copy_(q.float() * scale[:, None])
+    deq = Target(ref, tokenizer=None, name="tiny-dequantized")
+    deq.lean_ok = False
+    cache_a, cache_b = q8.new_cache(1, 32), deq.new_cache(1, 32)
+    ids = torch.randint(0, 96, (1, 12), generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(
+        q8.forward(cache_a, ids).logits, deq.forward(cache_b, ids).logits, rtol=1e-4, atol=1e-4
+    )
+
+    prompts = random_prompts(3, seed=9)
+    ar = generate(q8, None, prompts, max_new_tokens=20)
+    refs = {tuple(p): r.token_ids for p, r in zip(prompts, ar, strict=True)}
+    spec = generate(q8, OracleFactory(refs, noise=0.3, seed=3), prompts, k=4, max_new_tokens=20)
+    assert [r.token_ids for r in spec] == [r.token_ids for r in ar]
+
+
+def test_int8_refused_where_the_lean_forward_does_not_run():
+    with pytest.raises(UserError, match="--quantize int8 needs the lean CPU forward"):
+        Target(tiny_model("qwen3_moe"), tokenizer=None, name="tiny-moe", quantize="int8")
