@@ -34,6 +34,7 @@ from transformers.generation.streamers import BaseStreamer
 from draftsmith.decoding.sampling import SamplingParams
 from draftsmith.errors import UserError
 from draftsmith.target.model import Target
+from draftsmith.target.packed import stock_linear
 
 PEERS = ("hf", "hf-assisted", "llamacpp", "llamacpp-lookup")
 # A name on the command line that stands for several peers.
@@ -156,7 +157,7 @@ class Peer:
             kwargs["prompt_lookup_num_tokens"] = LOOKUP_TOKENS
         input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=t.device)
         clock = _FirstTokenClock()
-        with torch.inference_mode():
+        with torch.inference_mode(), stock_linear(t.model):
             t0 = time.perf_counter()
             out = t.model.generate(
                 input_ids, attention_mask=torch.ones_like(input_ids), streamer=clock, **kwargs

@@ -27,6 +27,8 @@ changes (a drafter evaluated during training). Training and autograd take the st
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -77,7 +79,9 @@ class PackedLinear(nn.Linear):
 
     def packed(self) -> torch.Tensor:
         w = self.weight
-        key = (w.data_ptr(), w._version)
+        # Inference tensors (a drafter loaded under inference mode) keep no version counter; they are
+        # not trained, so their storage alone identifies them.
+        key = (w.data_ptr(), None if w.is_inference() else w._version)
         if getattr(self, "_packed_key", None) != key:
             self._packed_w, self._packed_key = pack_weight(w), key
         return self._packed_w
@@ -98,3 +102,17 @@ def use_fast_linear(module: nn.Module) -> int:
             m.__class__ = PackedLinear
             n += 1
     return n
+
+
+@contextmanager
+def stock_linear(module: nn.Module) -> Iterator[None]:
+    """Within the block, every switched linear layer of `module` is a plain `nn.Linear` again: peers
+    that measure stock transformers (`bench --peers hf`) run on its kernels, not ours."""
+    switched = [(m, m.__class__) for m in module.modules() if type(m) in (PackedLinear, GemvLinear)]
+    for m, _ in switched:
+        m.__class__ = nn.Linear
+    try:
+        yield
+    finally:
+        for m, cls in switched:
+            m.__class__ = cls

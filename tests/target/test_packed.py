@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from draftsmith.target.packed import PackedLinear, can_pack, use_fast_linear
+from draftsmith.target.packed import PackedLinear, can_pack, stock_linear, use_fast_linear
 
 
 def _net(dtype):
@@ -52,3 +52,12 @@ def test_switch_off_keeps_plain_linear(monkeypatch):
     monkeypatch.setenv("DRAFTSMITH_PACK", "0")
     net = _net(torch.float32)
     assert use_fast_linear(net) == 0 and all(type(m) is nn.Linear for m in (net[0], net[2]))
+
+
+def test_stock_linear_restores_plain_layers_for_peers():
+    net = _net(torch.float32)
+    n = use_fast_linear(net)
+    switched = type(net[0])
+    with stock_linear(net):
+        assert all(type(m) is nn.Linear for m in (net[0], net[2]))
+    assert type(net[0]) is switched and (n == 0 or switched is not nn.Linear)
