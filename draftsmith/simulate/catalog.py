@@ -199,6 +199,14 @@ def shape_from_config(cfg: dict, name: str, source: str) -> ModelShape:
     if experts and not moe_inter:  # Mixtral-style: experts as wide as the dense MLP would be
         moe_inter = int(cfg["intermediate_size"])
     dense_layers = int(_get(cfg, "first_k_dense_replace", default=0)) if experts else 0
+    dense_inter = int(_get(cfg, "intermediate_size", default=0))
+    if experts and model_type.startswith("llama4"):
+        # Llama 4: one always-on shared expert as wide as a routed one, and with
+        # interleave_moe_layer_step s only every s-th layer is MoE (the rest use intermediate_size_mlp).
+        shared = shared or moe_inter
+        step = int(_get(cfg, "interleave_moe_layer_step", default=1))
+        dense_layers = layers - layers // max(step, 1)
+        dense_inter = int(_get(cfg, "intermediate_size_mlp", default=dense_inter))
 
     return ModelShape(
         name=name,
@@ -209,7 +217,7 @@ def shape_from_config(cfg: dict, name: str, source: str) -> ModelShape:
         num_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
-        intermediate=int(_get(cfg, "intermediate_size", default=0)) if (not experts or dense_layers) else 0,
+        intermediate=dense_inter if (not experts or dense_layers) else 0,
         tie_embeddings=bool(_get(cfg, "tie_word_embeddings", default=False)),
         attn_output_gate=bool(
             _get(cfg, "attn_output_gate", default=model_type.startswith(("qwen3_next", "qwen3_5")))
@@ -230,7 +238,9 @@ def shape_from_config(cfg: dict, name: str, source: str) -> ModelShape:
         qk_nope_dim=int(_get(cfg, "qk_nope_head_dim", default=0)),
         qk_rope_dim=int(_get(cfg, "qk_rope_head_dim", default=0)),
         v_head_dim=int(_get(cfg, "v_head_dim", default=0)),
-        mtp_layers=int(_get(cfg, "mtp_num_hidden_layers", "num_nextn_predict_layers", default=0)),
+        mtp_layers=int(
+            _get(cfg, "mtp_num_hidden_layers", "num_nextn_predict_layers", "num_mtp_modules", default=0)
+        ),
     )
 
 
@@ -279,6 +289,41 @@ def _dense(model_type, hidden, inter, layers, heads, kv, vocab, head_dim=None, t
     if head_dim:
         cfg["head_dim"] = head_dim
     return cfg
+
+
+def _deepseek_v3(heads, experts, dense_layers, vocab, nextn, text_type="deepseek_v3") -> dict:
+    """DeepSeek-V3's layout (MLA, 61 layers, 7168 wide, 2048-wide experts, one shared expert);
+    Kimi K2 / K2.5 / K2.6 keep it with 64 heads, 384 experts and one leading dense layer."""
+    return {
+        "model_type": text_type,
+        "hidden_size": 7168,
+        "intermediate_size": 18432,
+        "moe_intermediate_size": 2048,
+        "num_hidden_layers": 61,
+        "num_attention_heads": heads,
+        "num_key_value_heads": heads,
+        "n_routed_experts": experts,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 8,
+        "first_k_dense_replace": dense_layers,
+        "q_lora_rank": 1536,
+        "kv_lora_rank": 512,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+        "vocab_size": vocab,
+        "num_nextn_predict_layers": nextn,
+        "tie_word_embeddings": False,
+    }
+
+
+def _kimi_k25() -> dict:
+    # K2.5/K2.6 are multimodal: the language model sits under text_config (a DeepSeek-V3 config).
+    return {
+        "model_type": "kimi_k25",
+        "tie_word_embeddings": False,
+        "text_config": _deepseek_v3(64, 384, 1, 163840, 0, text_type="kimi_k2"),
+    }
 
 
 _QWEN35_MOE_35B = dict(
@@ -337,28 +382,47 @@ CATALOG: dict[str, tuple[str, dict]] = {
         ),
     ),
     "qwen3.6-35b-a3b": ("Qwen/Qwen3.6-35B-A3B", _qwen35(2048, 40, 16, 2, 32, **_QWEN35_MOE_35B)),
-    "deepseek-v3": (
-        "deepseek-ai/DeepSeek-V3",
+    "deepseek-v3": ("deepseek-ai/DeepSeek-V3", _deepseek_v3(128, 256, 3, 129280, 1)),
+    "deepseek-r1": ("deepseek-ai/DeepSeek-R1", _deepseek_v3(128, 256, 3, 129280, 1)),
+    "kimi-k2.5": ("moonshotai/Kimi-K2.5", _kimi_k25()),
+    "kimi-k2.6": ("moonshotai/Kimi-K2.6", _kimi_k25()),
+    "minimax-m2.5": (
+        "MiniMaxAI/MiniMax-M2.5",
         {
-            "model_type": "deepseek_v3",
-            "hidden_size": 7168,
-            "intermediate_size": 18432,
-            "moe_intermediate_size": 2048,
-            "num_hidden_layers": 61,
-            "num_attention_heads": 128,
-            "num_key_value_heads": 128,
-            "n_routed_experts": 256,
-            "n_shared_experts": 1,
+            # Mixtral-style keys: intermediate_size is each routed expert's width; no shared expert.
+            "model_type": "minimax_m2",
+            "hidden_size": 3072,
+            "intermediate_size": 1536,
+            "num_hidden_layers": 62,
+            "num_attention_heads": 48,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+            "num_local_experts": 256,
             "num_experts_per_tok": 8,
-            "first_k_dense_replace": 3,
-            "q_lora_rank": 1536,
-            "kv_lora_rank": 512,
-            "qk_nope_head_dim": 128,
-            "qk_rope_head_dim": 64,
-            "v_head_dim": 128,
-            "vocab_size": 129280,
-            "num_nextn_predict_layers": 1,
+            "vocab_size": 200064,
+            "num_mtp_modules": 3,
             "tie_word_embeddings": False,
+        },
+    ),
+    "llama-4-scout-17b-16e": (
+        "meta-llama/Llama-4-Scout-17B-16E-Instruct",
+        {
+            "model_type": "llama4",
+            "tie_word_embeddings": False,
+            "text_config": {
+                "model_type": "llama4_text",
+                "hidden_size": 5120,
+                "intermediate_size": 8192,
+                "intermediate_size_mlp": 16384,
+                "num_hidden_layers": 48,
+                "num_attention_heads": 40,
+                "num_key_value_heads": 8,
+                "head_dim": 128,
+                "num_local_experts": 16,
+                "num_experts_per_tok": 1,
+                "interleave_moe_layer_step": 1,
+                "vocab_size": 202048,
+            },
         },
     ),
 }

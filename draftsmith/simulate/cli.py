@@ -35,7 +35,19 @@ def add_simulate_parser(sub) -> None:
     p.add_argument("--model", required=True, help="catalog name (e.g. qwen3-8b) or a HF config.json path")
     p.add_argument("--hardware", required=True, help=", ".join(hardware_names()))
     p.add_argument("--gpus", type=int, default=1, help="tensor-parallel degree")
+    p.add_argument(
+        "--expert-parallel",
+        action="store_true",
+        help="with --gpus N: data-parallel attention and experts spread over the GPUs (all-to-all "
+        "dispatch/combine per MoE layer) instead of tensor parallelism; --batch is then the total",
+    )
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp8", "fp4", "fp32"], help="weight dtype")
+    p.add_argument(
+        "--expert-dtype",
+        default=None,
+        choices=["bf16", "fp8", "fp4"],
+        help="routed experts' dtype when it differs from --dtype (NVFP4/MXFP4 checkpoints quantise only them)",
+    )
     p.add_argument("--batch", type=int, nargs="+", default=[1], help="concurrent requests (several allowed)")
     p.add_argument("--context", type=int, default=1024, help="tokens in context per request")
     p.add_argument(
@@ -107,21 +119,33 @@ def _acceptance(args, key: str, k: int | None) -> tuple[acc.Acceptance, str]:
     return acc.from_alpha(alpha), f"assumed alpha {alpha:g} for {key} (pass --tau, --alpha or --acceptance)"
 
 
-def _anchor(
-    hw: Hardware, m: ModelShape, tok_s: float, *, batch: int, context: int, dtype: str, tp: int
-) -> Hardware:
+def _anchor(hw: Hardware, m: ModelShape, tok_s: float, *, batch: int, **layout) -> Hardware:
+    """The hardware with its fixed costs set so that plain decoding runs at `tok_s`: the per-forward
+    overhead moves first; when the target is faster than that allows, every fixed latency (per
+    forward, layer, MoE layer, token and row) shrinks by one factor instead."""
     from draftsmith.simulate.predict import baseline_step
 
     if tok_s <= 0:
         raise UserError(f"--baseline-tok-s {tok_s} must be positive")
-    t, _ = baseline_step(m, hw, batch=batch, context=context, dtype=dtype, tp=tp)
+    t, parts = baseline_step(m, hw, batch=batch, **layout)
     extra = 1.0 / tok_s - t
-    if hw.overhead_s + extra < 0:
+    if hw.overhead_s + extra >= 0:
+        return replace(hw, overhead_s=hw.overhead_s + extra)
+    fixed = parts["overhead"]
+    if fixed <= 0 or fixed + extra < 0:
         raise UserError(
-            f"--baseline-tok-s {tok_s} is faster than the roofline allows ({1 / (t - hw.overhead_s):.1f} tok/s "
+            f"--baseline-tok-s {tok_s} is faster than the roofline allows ({1 / (t - fixed):.1f} tok/s "
             "with no fixed overhead): check the model, hardware and dtype"
         )
-    return replace(hw, overhead_s=hw.overhead_s + extra)
+    f = (fixed + extra) / fixed
+    return replace(
+        hw,
+        overhead_s=hw.overhead_s * f,
+        overhead_per_layer_s=hw.overhead_per_layer_s * f,
+        moe_overhead_per_layer_s=hw.moe_overhead_per_layer_s * f,
+        overhead_per_token_s=hw.overhead_per_token_s * f,
+        overhead_per_row_s=hw.overhead_per_row_s * f,
+    )
 
 
 # --- simulate -------------------------------------------------------------------------------------
@@ -138,24 +162,21 @@ def simulate(args) -> dict:
     m = load_model(args.model)
     hw = load_hardware(args.hardware)
     hw.peak_flops(args.dtype)
+    expert_dtype = getattr(args, "expert_dtype", None)
+    if expert_dtype:
+        hw.peak_flops(expert_dtype)
     d = drafter_cost(args.drafter, m)
+    common = _layout(args)
     if args.baseline_tok_s is not None:
-        hw = _anchor(
-            hw,
-            m,
-            args.baseline_tok_s,
-            batch=args.batch[0],
-            context=args.context,
-            dtype=args.dtype,
-            tp=args.gpus,
-        )
-    common = dict(context=args.context, dtype=args.dtype, tp=args.gpus)
+        hw = _anchor(hw, m, args.baseline_tok_s, batch=args.batch[0], **common)
     out: dict = {
         "model": m.name,
         "model_source": m.source,
         "hardware": hw.name,
         "gpus": args.gpus,
+        "expert_parallel": common["ep"],
         "dtype": args.dtype,
+        "expert_dtype": expert_dtype or args.dtype,
         "context": args.context,
         "drafter": d.name,
         "drafter_kind": d.kind,
@@ -195,6 +216,17 @@ def simulate(args) -> dict:
     return out
 
 
+def _layout(args) -> dict:
+    """The keyword arguments every cost function takes from the flags."""
+    return dict(
+        context=args.context,
+        dtype=args.dtype,
+        tp=args.gpus,
+        ep=bool(getattr(args, "expert_parallel", False)),
+        expert_dtype=getattr(args, "expert_dtype", None),
+    )
+
+
 def _row(p: Prediction, best: int) -> dict:
     return {
         "batch": p.batch,
@@ -219,8 +251,14 @@ def _public(out: dict) -> dict:
 
 def _print_table(out: dict) -> None:
     w = sys.stdout.write
+    par = " (expert parallel)" if out.get("expert_parallel") else ""
+    dt = (
+        out["dtype"]
+        if out.get("expert_dtype", out["dtype"]) == out["dtype"]
+        else f"{out['dtype']}/experts {out['expert_dtype']}"
+    )
     w(
-        f"{out['model']} on {out['hardware']} x{out['gpus']}, {out['dtype']}, context {out['context']}, "
+        f"{out['model']} on {out['hardware']} x{out['gpus']}{par}, {dt}, context {out['context']}, "
         f"drafter {out['drafter']} ({out['drafter_kind']})\n"
     )
     w(f"  {out['params_total'] / 1e9:.2f}B parameters, {out['params_active'] / 1e9:.2f}B active per token\n")
@@ -249,7 +287,7 @@ def _html(out: dict, path: str, args) -> None:
     m, hw, d = out["_parts"]
     p0: Prediction = out["_preds"][0]
     a = out.get("_acceptance_obj")
-    common = dict(context=args.context, dtype=args.dtype, tp=args.gpus)
+    common = _layout(args)
     k = max(p0.k, 1)
     batches = sorted({*SWEEP_BATCHES, *args.batch})
     if a is None:

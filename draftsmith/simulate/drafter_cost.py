@@ -45,33 +45,38 @@ class DrafterCost:
     extra_params: int = 0
     real_params: int | None = None  # counted from a speculator folder's safetensors
 
-    def time(self, hw: Hardware, *, batch: int, k: int, context: int, dtype: str, tp: int) -> float:
-        """Device seconds to draft k tokens for each of `batch` rows."""
+    def time(
+        self,
+        hw: Hardware,
+        *,
+        batch: int,
+        k: int,
+        context: int,
+        dtype: str,
+        tp: int,
+        ep: bool = False,
+        expert_dtype: str | None = None,
+    ) -> float:
+        """Device seconds to draft k tokens for each of `batch` rows.
+
+        Each draft forward pays the draft network's own roofline, its layers' fixed latencies and
+        all-reduces at this batch, and the hardware's per-draft-forward cost (the engine replays the
+        k draft steps back to back, without the scheduling and sampling of a target step)."""
         if self.kind in (NONE, HOST) or self.net is None or k <= 0:
             return 0.0
-        if self.kind == AUTOREGRESSIVE:
-            one = forward_cost(
-                self.net,
-                hw,
-                batch=batch,
-                q=1,
-                context=context,
-                dtype=dtype,
-                tp=tp,
-                extra_params=self.extra_params,
-            )
-            return k * one.total
-        block = forward_cost(
-            self.net,
-            hw,
+        common = dict(
             batch=batch,
-            q=k + 1,
             context=context,
             dtype=dtype,
             tp=tp,
             extra_params=self.extra_params,
+            ep=ep,
+            expert_dtype=expert_dtype,
+            overhead_s=hw.draft_overhead_s,
         )
-        return block.total
+        if self.kind == AUTOREGRESSIVE:
+            return k * forward_cost(self.net, hw, q=1, **common).total
+        return forward_cost(self.net, hw, q=k + 1, **common).total
 
 
 def _dense_layers(target: ModelShape, layers: int, vocab: int, name: str) -> ModelShape:

@@ -44,9 +44,19 @@ class Prediction:
 
 
 def baseline_step(
-    m: ModelShape, hw: Hardware, *, batch: int, context: int, dtype: str, tp: int
+    m: ModelShape,
+    hw: Hardware,
+    *,
+    batch: int,
+    context: int,
+    dtype: str,
+    tp: int,
+    ep: bool = False,
+    expert_dtype: str | None = None,
 ) -> tuple[float, dict[str, float]]:
-    c = forward_cost(m, hw, batch=batch, q=1, context=context, dtype=dtype, tp=tp)
+    c = forward_cost(
+        m, hw, batch=batch, q=1, context=context, dtype=dtype, tp=tp, ep=ep, expert_dtype=expert_dtype
+    )
     return c.total, {**c.parts, "draft": 0.0}
 
 
@@ -61,14 +71,17 @@ def predict(
     context: int,
     dtype: str = "bf16",
     tp: int = 1,
+    ep: bool = False,
+    expert_dtype: str | None = None,
 ) -> Prediction:
-    base_t, base_parts = baseline_step(m, hw, batch=batch, context=context, dtype=dtype, tp=tp)
+    layout = dict(context=context, dtype=dtype, tp=tp, ep=ep, expert_dtype=expert_dtype)
+    base_t, base_parts = baseline_step(m, hw, batch=batch, **layout)
     if drafter.kind == NONE or acceptance is None or k <= 0:
         return Prediction(batch, 0, 1.0, base_t, base_t, base_parts, dict(base_parts))
-    verify = forward_cost(m, hw, batch=batch, q=k + 1, context=context, dtype=dtype, tp=tp)
+    verify = forward_cost(m, hw, batch=batch, q=k + 1, **layout)
     spec = {**verify.parts}
-    spec["overhead"] += hw.spec_step_overhead_s
-    spec["draft"] = drafter.time(hw, batch=batch, k=k, context=context, dtype=dtype, tp=tp)
+    spec["overhead"] += hw.spec_step_overhead_s + hw.spec_overhead_per_row_s * batch
+    spec["draft"] = drafter.time(hw, batch=batch, k=k, **layout)
     return Prediction(
         batch=batch,
         k=k,
@@ -92,11 +105,11 @@ def best_k(
     context: int,
     dtype: str = "bf16",
     tp: int = 1,
+    ep: bool = False,
+    expert_dtype: str | None = None,
 ) -> tuple[int, list[Prediction]]:
     """The k in 1..max_k with the highest speedup, and the whole sweep."""
-    sweep = [
-        predict(m, hw, drafter, acceptance, batch=batch, k=k, context=context, dtype=dtype, tp=tp)
-        for k in range(1, max_k + 1)
-    ]
+    layout = dict(context=context, dtype=dtype, tp=tp, ep=ep, expert_dtype=expert_dtype)
+    sweep = [predict(m, hw, drafter, acceptance, batch=batch, k=k, **layout) for k in range(1, max_k + 1)]
     best = max(sweep, key=lambda p: p.speedup)
     return best.k, sweep

@@ -26,6 +26,11 @@ NAMED_SIZES = {
     "qwen3.5-397b-a17b": 397,
     "qwen3.6-35b-a3b": 35,
     "deepseek-v3": 671,
+    "deepseek-r1": 671,
+    "kimi-k2.5": 1040,  # Moonshot: 1.04T total, 32B active
+    "kimi-k2.6": 1040,
+    "minimax-m2.5": 229,
+    "llama-4-scout-17b-16e": 109,  # with its vision tower, which text decoding never runs
 }
 
 
@@ -47,6 +52,17 @@ def test_active_params_of_moe_models() -> None:
     assert load_model("qwen3-30b-a3b").active_params / 1e9 == pytest.approx(3.3, rel=0.1)
     assert load_model("qwen3.5-122b-a10b").active_params / 1e9 == pytest.approx(10, rel=0.12)
     assert load_model("deepseek-v3").active_params / 1e9 == pytest.approx(37, rel=0.05)
+    assert load_model("kimi-k2.6").active_params / 1e9 == pytest.approx(32, rel=0.05)
+    assert load_model("minimax-m2.5").active_params / 1e9 == pytest.approx(10, rel=0.05)
+    assert load_model("llama-4-scout-17b-16e").active_params / 1e9 == pytest.approx(17, rel=0.06)
+
+
+def test_llama4_shared_expert_and_kimi_mla() -> None:
+    scout = load_model("llama-4-scout-17b-16e")
+    assert (scout.num_experts, scout.experts_per_token, scout.num_moe_layers) == (16, 1, 48)
+    assert scout.shared_intermediate == scout.moe_intermediate == 8192
+    kimi = load_model("kimi-k2.6")
+    assert kimi.is_mla and kimi.num_heads == 64 and kimi.num_dense_layers == 1 and kimi.num_experts == 384
 
 
 def test_llama_kv_bytes_per_token_by_hand() -> None:

@@ -7,7 +7,7 @@ import pytest
 
 from draftsmith.simulate.catalog import ModelShape
 from draftsmith.simulate.hardware import Hardware
-from draftsmith.simulate.roofline import allreduce_time, distinct_experts, forward_cost
+from draftsmith.simulate.roofline import allreduce_time, alltoall_time, distinct_experts, forward_cost
 
 # Round numbers: 1 TB/s, 100 TFLOP/s, everything achieved, no overheads.
 HW = Hardware(
@@ -143,3 +143,89 @@ def test_dtype_halves_the_weight_bytes() -> None:
     b = forward_cost(DENSE, hw, batch=1, q=1, context=0, dtype="bf16").bytes["weights"]
     f = forward_cost(DENSE, hw, batch=1, q=1, context=0, dtype="fp8").bytes["weights"]
     assert f == b / 2
+
+
+# --- multi-GPU and MoE terms ----------------------------------------------------------------------
+
+MOE = ModelShape(
+    name="moe",
+    source="t",
+    num_layers=2,
+    hidden=512,
+    vocab=100,
+    num_heads=4,
+    num_kv_heads=4,
+    head_dim=128,
+    intermediate=0,
+    num_experts=64,
+    experts_per_token=4,
+    moe_intermediate=256,
+)
+
+
+def test_one_gpu_has_no_all_reduce_and_latency_grows_with_peers() -> None:
+    assert allreduce_time(1e3, 1, 100e9, 1e-5, 1e-6) == 0.0
+    assert forward_cost(DENSE, HW, batch=4, q=1, context=0, tp=1).parts["allreduce"] == 0.0
+    # 2 GPUs: 10 us + 1 peer * 1 us + 2 * 1/2 * 1 kB / 100 GB/s = 11.01 us; 8 GPUs: 17 us + 0.0175 us
+    assert allreduce_time(1e3, 2, 100e9, 1e-5, 1e-6) == pytest.approx(11.01e-6)
+    assert allreduce_time(1e3, 8, 100e9, 1e-5, 1e-6) == pytest.approx(17e-6 + 2 * 7 / 8 * 1e3 / 100e9)
+
+
+def test_dense_has_no_dispatch_and_one_gpu_no_all_to_all() -> None:
+    assert alltoall_time(1e6, 1, 100e9, 2e-5) == 0.0
+    c = forward_cost(DENSE, HW, batch=8, q=4, context=0, tp=8, ep=True)
+    assert c.parts["dispatch"] == 0.0 and c.parts["allreduce"] == 0.0  # dense under ep: data parallel
+    c = forward_cost(MOE, HW, batch=8, q=1, context=0, tp=8)  # MoE under tensor parallelism
+    assert c.parts["dispatch"] == 0.0 and c.parts["allreduce"] > 0.0
+
+
+def test_expert_parallel_dispatch_by_hand() -> None:
+    hw = Hardware(
+        "ep",
+        80,
+        1e12,
+        {"bf16": 100e12},
+        bw_eff=1.0,
+        flops_eff=1.0,
+        link_bandwidth=100e9,
+        alltoall_latency_s=2e-5,
+    )
+    # 16 rows over 4 GPUs: 4 rows per GPU, q=2 -> 8 tokens per GPU, each sent to 4 experts of 512 wide.
+    c = forward_cost(MOE, hw, batch=16, q=2, context=0, tp=4, ep=True)
+    sent = 8 * 4 * 512
+    one = 2e-5 + 3 / 4 * sent * 1.0 / 100e9  # dispatch in fp8
+    two = 2e-5 + 3 / 4 * sent * 2.0 / 100e9  # combine in bf16
+    assert c.parts["dispatch"] == pytest.approx(2 * (one + two))  # two MoE layers
+    # Attention and the always-on weights are replicated: each GPU reads all of them for its rows.
+    assert c.bytes["weights"] == pytest.approx(MOE.always_on_params * 2)
+    assert c.parts["weights"] == pytest.approx(MOE.always_on_params * 2 / 1e12)
+    # Experts touched by all 32 tokens are spread over the 4 GPUs.
+    assert c.parts["experts"] == pytest.approx(2 * distinct_experts(64, 4, 32) * MOE.expert_params * 2 / 4e12)
+
+
+def test_moe_layer_latency_and_expert_dtype() -> None:
+    hw = Hardware(
+        "m",
+        80,
+        1e12,
+        {"bf16": 1e14, "fp4": 4e14},
+        overhead_s=0.0,
+        overhead_per_layer_s=1e-5,
+        moe_overhead_per_layer_s=2e-5,
+    )
+    assert forward_cost(MOE, hw, batch=1, q=1, context=0).parts["overhead"] == pytest.approx(
+        2 * 1e-5 + 2 * 2e-5
+    )
+    assert forward_cost(DENSE, hw, batch=1, q=1, context=0).parts["overhead"] == pytest.approx(1e-5)
+    bf16 = forward_cost(MOE, hw, batch=1, q=1, context=0).bytes["experts"]
+    fp4 = forward_cost(MOE, hw, batch=1, q=1, context=0, expert_dtype="fp4")
+    assert fp4.bytes["experts"] == pytest.approx(bf16 * (0.5 + 1 / 16) / 2)
+    assert fp4.bytes["weights"] == forward_cost(MOE, hw, batch=1, q=1, context=0).bytes["weights"]
+
+
+def test_draft_forwards_can_pay_their_own_per_forward_cost() -> None:
+    hw = Hardware("d", 80, 1e12, {"bf16": 1e14}, overhead_s=3e-4, overhead_per_layer_s=0.0)
+    assert forward_cost(DENSE, hw, batch=1, q=1, context=0, overhead_s=2e-5).parts[
+        "overhead"
+    ] == pytest.approx(2e-5)
+    assert forward_cost(DENSE, hw, batch=1, q=1, context=0).parts["overhead"] == pytest.approx(3e-4)

@@ -10,7 +10,7 @@ import pytest
 from draftsmith.cli import main
 
 KEYS = {"baseline_tok_s", "spec_tok_s", "speedup", "naive_speedup", "best_k", "step_time", "breakdown"}
-PARTS = {"weights", "kv_cache", "attention_compute", "experts", "allreduce", "overhead", "draft"}
+PARTS = {"weights", "kv_cache", "attention_compute", "experts", "allreduce", "dispatch", "overhead", "draft"}
 
 
 def _json(capsys, *argv: str) -> dict:
