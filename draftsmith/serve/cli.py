@@ -84,6 +84,7 @@ def cmd_serve(args) -> int:
         raise UserError(
             f"--max-model-len {max_len} exceeds the target's context of {target.max_context}: lower it"
         )
+    _warm_up(target, factory, args.k)
     app = create_app(
         target,
         factory,
@@ -100,3 +101,15 @@ def cmd_serve(args) -> int:
     )
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
     return 0
+
+
+def _warm_up(target, factory, k: int) -> None:
+    """One request alone and two side by side, a few tokens each, before the port opens: the engine's
+    compiled forward builds its graphs (one row or several, one query or several) on first use, which
+    would otherwise fall on the first clients' latency."""
+    from draftsmith.decoding.engine import generate
+
+    sys.stderr.write(f"warming up the engine ({target.path}) ...\n")
+    ids = target.tokenizer.encode("Hello, how are you today?")
+    generate(target, factory, [ids], k=k, max_new_tokens=4)
+    generate(target, factory, [ids, ids[:3]], k=k, max_new_tokens=4)
