@@ -84,20 +84,7 @@ def test_moe_distinct_experts() -> None:
 
 
 def test_moe_verification_reads_the_experts_its_tokens_touch() -> None:
-    moe = ModelShape(
-        name="moe",
-        source="t",
-        num_layers=2,
-        hidden=512,
-        vocab=100,
-        num_heads=4,
-        num_kv_heads=4,
-        head_dim=128,
-        intermediate=0,
-        num_experts=64,
-        experts_per_token=4,
-        moe_intermediate=256,
-    )
+    moe = MOE  # defined with the multi-GPU tests below
     expert_bytes = 3 * 512 * 256 * 2
     for tokens in (1, 8):
         c = forward_cost(moe, HW, batch=1, q=tokens, context=0)
