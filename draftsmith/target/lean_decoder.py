@@ -6,12 +6,14 @@ matrix products (hundreds of small ops per step, each a dispatch and, with two t
 fork), and its products read the weights at half the machine's bandwidth. Here each layer is: one
 fused q/k/v product, RoPE, the cache write at each row's own slots, grouped-query attention, the
 output product, one fused gate/up product and the down product, on weights packed for oneDNN
-(`packed.py`). The layer is compiled once by torch.compile with dynamic shapes (about 5 s; the
-30 layers, every row count, query count and context length reuse it), which fuses the norms, RoPE,
-softmax and residuals into a few vectorised loops; only the products stay library calls. Measured
-on a 2-core AMD EPYC (AVX512-BF16), SmolLM2-135M at 256 tokens of context, bf16: a q=1 step 46.7 ->
-25 ms, a q=8 verification 45 -> 25 ms (float32: 58 -> 30 and 79 -> 35 ms); see
-benchmarks/step_time.py.
+(`packed.py`). The layer is compiled by torch.compile with dynamic shapes, which fuses the norms,
+RoPE, softmax and residuals into a few vectorised loops; only the products stay library calls.
+Sizes of 1 are still specialised, so there are up to four graphs (one row or several, one query or
+several), 5-15 s each on first use; the 30 layers and every context length reuse them. Measured on
+a 2-core AMD EPYC (AVX512-BF16), SmolLM2-135M at 256 tokens of context (benchmarks/step_time.py):
+bf16 q=1 step 48.7 -> 24.9 ms, q=8 verification 48.0 -> 31.6 ms; float32 61.0 -> 37.9 and
+83.8 -> 41.1 ms. Compiling all 30 layers as one graph took 165 s and ran slower (32.5 against
+28.1 ms a step), so the unit stays one layer.
 
 Attention is written as two grouped matmuls (each KV head's query group folded into the rows of one
 product, softmax in float32), not SDPA: PyTorch's CPU SDPA costs 2-3x more for one query at long
@@ -19,8 +21,8 @@ context (a q=1 step at 4,000 tokens: 112 ms with SDPA, 46 ms this way).
 
 What it covers: decoder-only models whose layers are all full attention with the Llama layout
 (`llama`, `mistral` without sliding windows, `qwen2`, `qwen3`: RMSNorm, SwiGLU, optional q/k/v
-bias and q/k norms), a whole-cache forward (`rows` None) with chain or tree masks, logits at chosen
-positions and hidden states of chosen layers. Anything else goes through transformers' modules
+bias and q/k norms), every row of the cache or a prefill group of rows, chain or tree masks, logits
+at chosen positions and hidden states of chosen layers. Anything else goes through transformers' modules
 (`Target.forward` decides). The rotary embedding is the model's own module, so every RoPE scaling
 it supports is supported here. `DRAFTSMITH_FAST=0` turns this path off; `DRAFTSMITH_COMPILE=0`
 runs the same layer function uncompiled (for A/B timing of each part).
@@ -28,7 +30,6 @@ runs the same layer function uncompiled (for A/B timing of each part).
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass
 
@@ -43,8 +44,6 @@ from draftsmith.target.quantize import int8_linear, quantize_int8
 Weight = tuple[torch.Tensor, torch.Tensor | None]
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
