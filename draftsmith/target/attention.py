@@ -71,23 +71,37 @@ def attend(
     causal: bool = False,
 ) -> torch.Tensor:
     """Attention with grouped-query heads, [b, heads, q, dim]; see the module note for the kernel."""
-    b, heads, q, dim = query.shape
-    kv_heads = key.shape[1]
-    group = heads // kv_heads
+    heads, kv_heads = query.shape[1], key.shape[1]
     if causal or not _grouped_pays(query) or (mask is not None and mask.dtype != torch.bool):
         return F.scaled_dot_product_attention(
             query, key, value, attn_mask=mask, scale=scale, is_causal=causal, enable_gqa=kv_heads != heads
         )
+    return grouped_attention(query, _compact(key), _compact(value), mask, scale, matmul=_per_head_matmul)
+
+
+def grouped_attention(
+    query: torch.Tensor,  # [b, heads, q, dim]
+    key: torch.Tensor,  # [b, kv_heads, kv, dim]
+    value: torch.Tensor,
+    mask: torch.Tensor | None,  # [b, 1, q, kv] bool (True = may attend), or None
+    scale: float | None = None,
+    matmul=torch.matmul,
+) -> torch.Tensor:
+    """Attention as two grouped products, softmax in float32, [b, heads, q, dim]; `matmul` is the
+    product to use (the engine's CPU kernel reads long cache slices per head; the compiled lean
+    forward lets inductor plan plain matmuls)."""
+    b, heads, q, dim = query.shape
+    kv_heads = key.shape[1]
     # Head h reads KV head h // group (repeat_kv's order), so [b, heads, q] folds into [b, kv_heads, group*q].
+    group = heads // kv_heads
     rows = query.reshape(b, kv_heads, group * q, dim)
-    key, value = _compact(key), _compact(value)
-    scores = _per_head_matmul(rows, key.transpose(-1, -2)).float()
+    scores = matmul(rows, key.transpose(-1, -2)).float()
     scores *= dim**-0.5 if scale is None else scale
     if mask is not None:
         scores = scores.view(b, kv_heads, group, q, -1).masked_fill(~mask[:, :, None], float("-inf"))
         scores = scores.view(b, kv_heads, group * q, -1)
     probs = torch.softmax(scores, dim=-1).to(value.dtype)
-    return _per_head_matmul(probs, value).view(b, kv_heads, group, q, dim).reshape(b, heads, q, dim)
+    return matmul(probs, value).view(b, kv_heads, group, q, dim).reshape(b, heads, q, dim)
 
 
 def _compact(m: torch.Tensor) -> torch.Tensor:

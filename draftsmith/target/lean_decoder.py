@@ -35,7 +35,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from draftsmith.target.attention import grouped_attention
 from draftsmith.target.packed import can_pack, pack_weight, packed_linear
 from draftsmith.target.quantize import int8_linear, quantize_int8
 
@@ -186,11 +188,6 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
-
-
 def _linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None, mode: str) -> torch.Tensor:
     if mode == "packed":
         return packed_linear(x, w[0], bias)
@@ -217,15 +214,14 @@ def _layer(
     b, q, _ = x.shape
     kv = mask.shape[-1]
     h, kvh, d = s.heads, s.kv_heads, s.head_dim
-    group = h // kvh
     y = _rms(x, w["n1"], s.eps)
     qkv = _linear(y, w["wqkv"], w["bqkv"], mode)
     query, key, value = qkv.split([h * d, kvh * d, kvh * d], dim=-1)
     query, key = query.view(b, q, h, d), key.view(b, q, kvh, d)
     if w["qn"] is not None:
         query, key = _rms(query, w["qn"], s.eps), _rms(key, w["kn"], s.eps)
-    query = _rotate(query.transpose(1, 2), cos[:, None], sin[:, None])  # [b, h, q, d]
-    key = _rotate(key.transpose(1, 2), cos[:, None], sin[:, None])
+    # [b, h, q, d] and [b, kvh, q, d], rotated as transformers' Llama does
+    query, key = apply_rotary_pos_emb(query.transpose(1, 2), key.transpose(1, 2), cos, sin)
     # Advanced indices on dims 0 and 2 broadcast to [b, q] and lead: the written value is [b, q, kvh, d].
     kbuf[rows, :, slots] = key.transpose(1, 2)
     vbuf[rows, :, slots] = value.view(b, q, kvh, d)
@@ -233,11 +229,7 @@ def _layer(
         keys, values = kbuf[rows[:, 0], :, :kv], vbuf[rows[:, 0], :, :kv]
     else:
         keys, values = kbuf[:b, :, :kv], vbuf[:b, :, :kv]
-    # Head j reads KV head j // group (repeat_kv's order): [b, h, q] folds into [b, kvh, group * q].
-    scores = torch.matmul(query.reshape(b, kvh, group * q, d), keys.transpose(-1, -2)).float() * d**-0.5
-    scores = scores.view(b, kvh, group, q, kv).masked_fill(~mask[:, :, None], float("-inf"))
-    probs = torch.softmax(scores.view(b, kvh, group * q, kv), dim=-1).to(values.dtype)
-    attn = torch.matmul(probs, values).view(b, h, q, d).transpose(1, 2).reshape(b, q, h * d)
+    attn = grouped_attention(query, keys, values, mask).transpose(1, 2).reshape(b, q, h * d)
     x = x + _linear(attn, w["wo"], w["bo"], mode)
     y = _rms(x, w["n2"], s.eps)
     gate, up = _linear(y, w["wgu"], None, mode).split([s.intermediate, s.intermediate], dim=-1)
