@@ -100,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     from draftsmith.train.mtp_cli import add_train_mtp_parser
 
     add_train_mtp_parser(trsub)
+    from draftsmith.train.draft_lm_cli import add_train_draft_lm_parser
+
+    add_train_draft_lm_parser(trsub)
 
     e = sub.add_parser("export", help="write a trained speculator in the layout SGLang or vLLM loads")
     e.add_argument("--format", required=True, choices=["sglang", "vllm"])

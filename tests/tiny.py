@@ -71,6 +71,16 @@ def tiny_target(kind: str = "llama", seed: int = 0, scale: float = 1.0, vocab: i
     return Target(tiny_model(kind, seed, scale, vocab), tokenizer=None, name=f"tiny-{kind}")
 
 
+def save_draft_lm(path, layers: int = 1, seed: int = 0, scale: float = 1.0, vocab: int = VOCAB) -> str:
+    """A draft model for `draft:PATH`: the tiny Llama target of this seed cut to its first `layers`
+    layers, saved as an HF folder (one layer agrees with the two-layer target often, not always)."""
+    model = tiny_model("llama", seed=seed, scale=scale, vocab=vocab)
+    model.model.layers = model.model.layers[:layers]
+    model.config.num_hidden_layers = layers
+    model.save_pretrained(path)
+    return str(path)
+
+
 def random_prompts(n: int, seed: int = 0, lo: int = 3, hi: int = 20) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(VOCAB) for _ in range(rng.randint(lo, hi))] for _ in range(n)]

@@ -2,10 +2,16 @@
 
 - `hf`: transformers `generate` on the target's own model (same weights, dtype and device as our
   engine, batch 1). Greedy output should equal our engine's token for token.
-- `hf-assisted`: the same with transformers prompt-lookup assisted generation
-  (`prompt_lookup_num_tokens=10`). Prompt-lookup drafts carry no probabilities, so when sampling
-  transformers samples a token from p at every drafted position and keeps drafts while they match;
-  with a deterministic draft that is still exact, so both modes are lossless.
+- `hf-assisted`: the same with transformers' assisted generation. When the bench runs a draft
+  model (`draft:PATH`, the first such method), its `assistant_model` is that draft LM (the same
+  transformers model our drafter runs, in the target's dtype) drafting a fixed k, the method's
+  (`num_assistant_tokens=k`, schedule `constant`, confidence threshold 0, so it never stops a
+  draft early or changes k); both engines then draft with the same model and differ only in how
+  they run it. Otherwise it is prompt lookup (`prompt_lookup_num_tokens=10`). Prompt-lookup drafts
+  carry no probabilities, so when sampling transformers samples a token from p at every drafted
+  position and keeps drafts while they match; with a deterministic draft that is still exact, and
+  a draft model's drafts are verified by speculative sampling, so every mode is lossless. The
+  runner records which in the run (`"assistant": "draft:PATH"` or `"prompt_lookup"`).
 - `llamacpp`: llama.cpp through `llama-cpp-python`, on the GGUF the target was converted from (for
   the embedded SmolLM2 a Q4_1 file, so its tokens differ from ours: different weights, not a bug).
 - `llamacpp-lookup`: the same with llama-cpp-python's prompt-lookup drafter (10 tokens a draft).
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 import torch
@@ -62,6 +69,15 @@ def expand_peers(spec: str) -> list[str]:
             if name not in names:
                 names.append(name)
     return names
+
+
+@dataclass
+class Assistant:
+    """A draft model for `hf-assisted`: the bench method it comes from, the model and its k."""
+
+    spec: str  # the method's drafter spec, `draft:PATH[:k=N]`
+    model: torch.nn.Module  # a transformers causal LM with the target's tokenizer, dtype and device
+    k: int
 
 
 @dataclass
@@ -108,13 +124,23 @@ def num_cores() -> int:
 class Peer:
     """One peer engine, loaded once and reused for every prompt of a bench run."""
 
-    def __init__(self, name: str, target: Target, max_context: int) -> None:
+    def __init__(
+        self, name: str, target: Target, max_context: int, assistant: Assistant | None = None
+    ) -> None:
         reason = peer_available(name, target)
         if reason is not None:
             raise UserError(f"peer '{name}' cannot run: {reason}")
         self.name = name
         self.target = target
         self.max_context = max_context
+        self.assistant = assistant if name == "hf-assisted" else None
+        if self.assistant is not None:
+            # transformers reads these from the assistant's own generation config: a fixed k, never
+            # changed by its heuristic schedule nor cut by its confidence threshold.
+            cfg = self.assistant.model.generation_config
+            cfg.num_assistant_tokens = self.assistant.k
+            cfg.num_assistant_tokens_schedule = "constant"
+            cfg.assistant_confidence_threshold = 0.0
         self._llama = None
         if name.startswith("llamacpp"):
             self._llama = _load_llama(target.gguf_path, max_context, lookup=name == "llamacpp-lookup")
@@ -132,6 +158,20 @@ class Peer:
         if self._llama is not None:
             return self._run_llama(prompt_ids, max_new_tokens, sampling)
         return self._run_hf(prompt_ids, max_new_tokens, sampling)
+
+    @property
+    def assistant_name(self) -> str | None:
+        """What `hf-assisted` drafts with, for the bench JSON; None for the other peers."""
+        if self.name != "hf-assisted":
+            return None
+        return self.assistant.spec if self.assistant is not None else "prompt_lookup"
+
+    @property
+    def draft_k(self) -> int | None:
+        """Tokens `hf-assisted` drafts a step; None for the other peers."""
+        if self.name != "hf-assisted":
+            return None
+        return self.assistant.k if self.assistant is not None else LOOKUP_TOKENS
 
     # ---- transformers ---------------------------------------------------------------------------
 
@@ -153,11 +193,17 @@ class Peer:
             kwargs.update(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
             if sampling.seed is not None:
                 torch.manual_seed(sampling.seed)  # transformers samples from the global generator
-        if self.name == "hf-assisted":
+        models = [t.model]
+        if self.assistant is not None:
+            kwargs["assistant_model"] = self.assistant.model
+            models.append(self.assistant.model)
+        elif self.name == "hf-assisted":
             kwargs["prompt_lookup_num_tokens"] = LOOKUP_TOKENS
         input_ids = torch.tensor([prompt_ids], dtype=torch.long, device=t.device)
         clock = _FirstTokenClock()
-        with torch.inference_mode(), stock_linear(t.model):
+        with torch.inference_mode(), ExitStack() as stack:
+            for m in models:
+                stack.enter_context(stock_linear(m))
             t0 = time.perf_counter()
             out = t.model.generate(
                 input_ids, attention_mask=torch.ones_like(input_ids), streamer=clock, **kwargs

@@ -8,6 +8,9 @@ match_rate are defined against it.
 A method may carry its own draft length as `SPEC@K` (`mtp:DIR@3,dflash:DIR@15`): the best k differs
 by drafter (an MTP head repeated k times pays k forwards of a target-sized layer, a DFlash block
 costs the same at any k), and `--k` is the default for the others.
+
+The `hf-assisted` peer drafts with the first `draft:PATH` method's model and k when there is one
+(the model our drafter loaded, so both engines draft with the same weights), else prompt lookup.
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from draftsmith.bench.peers import Peer, PeerResult, peer_available
+from draftsmith.bench.peers import Assistant, Peer, PeerResult, peer_available
 from draftsmith.decoding.engine import DecodeStats, Result, generate
 from draftsmith.decoding.sampling import SamplingParams
 from draftsmith.drafters import registry
+from draftsmith.drafters.draft_lm import DraftLMFactory
 from draftsmith.errors import UserError
 from draftsmith.machine import machine_info
 from draftsmith.target.model import Target
@@ -97,7 +101,8 @@ def run_bench(
             skipped[name] = reason
             log(f"peer {name} skipped: {reason}")
         else:
-            peer_objs[name] = Peer(name, target, max_context)
+            assistant = _assistant(parsed, factories, target, sampling) if name == "hf-assisted" else None
+            peer_objs[name] = Peer(name, target, max_context, assistant=assistant)
 
     # Warm-up: first calls pay for allocator growth and lazy initialisation in every engine.
     for m, f in factories.items():
@@ -144,6 +149,8 @@ def run_bench(
             "prefill_s": round(t.prefill_s, 3),
             "decode_s": round(t.decode_s, 3),
         }
+        if is_peer and peer_objs[name].assistant_name is not None:
+            run.update(assistant=peer_objs[name].assistant_name, k=peer_objs[name].draft_k)
         if not is_peer:
             run.update(
                 k=ks[name] if name != registry.AR else 0,
@@ -171,6 +178,16 @@ def run_bench(
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "runs": runs,
     }
+
+
+def _assistant(parsed: dict, factories: dict, target: Target, sampling: SamplingParams) -> Assistant | None:
+    """The first draft-model method's model and draft length, for transformers' `assistant_model`."""
+    for m, (spec, k) in parsed.items():
+        f = factories[m]
+        if isinstance(f, DraftLMFactory):
+            f.bind(target, sampling)  # loads the draft model once; the engine's own bind reuses it
+            return Assistant(spec=spec, model=f.model, k=min(k, f.max_k) if f.max_k else k)
+    return None
 
 
 def _match_rate(outputs: list[list[int]], reference: list[list[int]]) -> float:

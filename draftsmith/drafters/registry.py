@@ -32,7 +32,14 @@ def register(name: str) -> Callable[[Builder], Builder]:
 
 def _load_builtin() -> None:
     # Importing the modules runs their @register decorators.
-    from draftsmith.drafters import dflash_drafter, eagle3_drafter, mtp_drafter, ngram, suffix  # noqa: F401
+    from draftsmith.drafters import (  # noqa: F401
+        dflash_drafter,
+        draft_lm,
+        eagle3_drafter,
+        mtp_drafter,
+        ngram,
+        suffix,
+    )
 
 
 def available() -> list[str]:

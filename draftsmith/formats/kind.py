@@ -1,7 +1,7 @@
 """Which kind of speculator a folder holds, from its `config.json` alone (no weights read).
 
 One reader for every place that must tell an EAGLE-3 folder (ours, SGLang's, vLLM speculators') from
-a DFlash one (ours, z-lab's) or an MTP head saved by draftsmith: the simulator's drafter cost and
+a DFlash one (ours, z-lab's), a draft LM or an MTP head saved by draftsmith: the simulator's drafter cost and
 `draftsmith tune`.
 """
 
@@ -33,8 +33,12 @@ def read_json_object(path: Path, what: str = "") -> dict:
 
 
 def speculator_kind(folder: str | Path, cfg: dict | None = None) -> str | None:
-    """ "eagle3", "dflash", "draftsmith" (another head draftsmith saved, e.g. MTP) or None."""
+    """ "eagle3", "dflash", "draft-lm" (a small LM `draft:PATH` drafts with), "draftsmith" (another
+    head draftsmith saved, e.g. MTP) or None."""
     cfg = read_config(folder) if cfg is None else cfg
+    meta = Path(folder).expanduser() / "draftsmith.json"
+    if meta.is_file() and read_json_object(meta).get("kind") == "draft-lm":
+        return "draft-lm"
     arch = " ".join(cfg.get("architectures") or []).lower()
     if "dflash" in arch:
         return "dflash"

@@ -1,16 +1,19 @@
-"""`draftsmith train eagle3|dflash|mtp`: one training loop, read top to bottom, for every drafter.
+"""`draftsmith train eagle3|dflash|mtp|draft-lm`: one training loop, read top to bottom, for every drafter.
 
 setup (data, target, draft model, optimizer, the plan of global batches) -> resume (weights,
 optimizer, RNG, data position, metrics) -> per step: the frozen target's features on this rank's
 shard, the drafter's loss (`eagle3_objective`: TTT; `dflash_objective`: packed anchor blocks;
-`mtp_objective`: the MTP head unrolled on its own outputs),
+`mtp_objective`: the MTP head unrolled on its own outputs; `draft_lm_objective`: a small LM
+distilled on the target's distribution),
 gradients summed over ranks, clipping, AdamW at the scheduled learning rate -> metrics line,
 held-out tau every `eval_every` steps (the real engine), atomic checkpoint every `save_every` steps
 and at the end.
 
-What differs between drafters lives in one small class each (`_Eagle3`, `_DFlash`, `_MTP`): how the
+What differs between drafters lives in one small class each (`_Eagle3`, `_DFlash`, `_MTP`,
+`_DraftLM`): how the
 model is built, one step's forward/backward, and how it is exported. All report S per-position
-numbers (EAGLE-3 and MTP: the unrolled steps; DFlash: the B-1 block slots) in the same metrics layout.
+numbers (EAGLE-3 and MTP: the unrolled steps; DFlash: the B-1 block slots; a draft LM: one, its
+teacher-forced next-token agreement) in the same metrics layout.
 
 Choices worth knowing:
 - The learning-rate schedule (linear warmup, cosine to 0) spans all `epochs`; `max_steps` only
@@ -33,6 +36,7 @@ state on disk in `checkpoint`, collectives in `distributed`.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import math
@@ -48,11 +52,15 @@ from draftsmith.drafters import dflash
 from draftsmith.drafters.eagle3 import Eagle3Model, default_feature_layers, load_eagle3, make_config
 from draftsmith.drafters.mtp import build_head, load_head, save_head
 from draftsmith.errors import UserError
+from draftsmith.fileio import save_checkpoint_dir
+from draftsmith.formats import draft_lm_format
 from draftsmith.machine import auto_dtype
 from draftsmith.target.model import FINAL_HIDDEN, load_target, parse_device, parse_dtype
 from draftsmith.train import checkpoint, distributed
 from draftsmith.train.data import draft_vocab, load_conversations, pack, plan_batches, shard, tokenize_dataset
 from draftsmith.train.dflash_objective import anchor_seed, dflash_loss, sample_blocks
+from draftsmith.train.draft_lm_objective import counted as draft_lm_counted
+from draftsmith.train.draft_lm_objective import draft_lm_loss
 from draftsmith.train.eagle3_init import token_attention, typical_rms
 from draftsmith.train.eagle3_objective import TargetSignal, count_positions, ttt_loss
 from draftsmith.train.evaluate import eval_prompts, measure_tau
@@ -72,6 +80,10 @@ DFLASH_FINGERPRINT = (
 )  # fmt: skip
 MTP_FINGERPRINT = (
     "method", "target", "epochs", "lr", "batch_tokens", "max_len", "ttt_steps", "init",
+    "warmup_ratio", "grad_clip", "seed",
+)  # fmt: skip
+DRAFT_LM_FINGERPRINT = (
+    "method", "target", "epochs", "lr", "batch_tokens", "max_len", "layers", "hidden", "init_layers",
     "warmup_ratio", "grad_clip", "seed",
 )  # fmt: skip
 MTP_INITS = ("random", "last_layer", "native")  # or a folder holding a head (`mtp.*` tensors)
@@ -122,11 +134,14 @@ class TrainConfig:
     norm_init: str = "scaled"  # "scaled" (`dflash.scale_output_norm`) or "ones"
     # MTP only
     init: str = "random"  # random, last_layer, native (the target's own head) or a head's folder
+    # draft LM only (`layers` above is its depth when `init_layers` is None)
+    hidden: int | None = None  # None: the target's width, sharing its (frozen) embedding and head
+    init_layers: list[int] | None = None  # copy these target layers (and the final norm) to start
 
     @property
     def positions(self) -> int:
-        """Per-position metrics: unrolled steps (EAGLE-3, MTP) or block slots B-1 (DFlash)."""
-        return self.block_size - 1 if self.method == "dflash" else self.ttt_steps
+        """Per-position metrics: unrolled steps (EAGLE-3, MTP), block slots B-1 (DFlash), 1 (draft LM)."""
+        return {"dflash": self.block_size - 1, "draft-lm": 1}.get(self.method, self.ttt_steps)
 
 
 def lr_at(step: int, total: int, warmup: int, base: float) -> float:
@@ -178,10 +193,18 @@ def train_mtp(cfg: TrainConfig) -> dict:
     return train(cfg)
 
 
+def train_draft_lm(cfg: TrainConfig) -> dict:
+    """Distil a small causal LM from the target (`draft:PATH` drafts with it)."""
+    cfg.method = "draft-lm"
+    return train(cfg)
+
+
 def train(cfg: TrainConfig) -> dict:
     _check_args(cfg)
     records = load_conversations(cfg.data)
-    keys = {"dflash": DFLASH_FINGERPRINT, "mtp": MTP_FINGERPRINT}.get(cfg.method, FINGERPRINT)
+    keys = {"dflash": DFLASH_FINGERPRINT, "mtp": MTP_FINGERPRINT, "draft-lm": DRAFT_LM_FINGERPRINT}.get(
+        cfg.method, FINGERPRINT
+    )
     fingerprint = {k: getattr(cfg, k) for k in keys} | {"data_sha256": _digest(cfg.data)}
     if cfg.method in ("eagle3", "dflash") and cfg.init != "random":
         cfg.init = str(Path(cfg.init).resolve())
@@ -210,9 +233,11 @@ def _train(cfg: TrainConfig, records: list[dict], fingerprint: dict, world: dist
     examples = tokenize_dataset(target.tokenizer, records, cfg.max_len, progress=main and cfg.progress)
     lengths = [len(ex.input_ids) for ex in examples]
     torch.manual_seed(cfg.seed)
-    method = {"eagle3": _Eagle3, "dflash": _DFlash, "mtp": _MTP}[cfg.method](cfg, target, examples, world)
+    methods = {"eagle3": _Eagle3, "dflash": _DFlash, "mtp": _MTP, "draft-lm": _DraftLM}
+    method = methods[cfg.method](cfg, target, examples, world)
     model = method.model
-    params = list(model.parameters())  # the target's embedding is not among them: it is frozen
+    # The target's embedding is not among them: it is frozen (a draft LM holds it, not training it).
+    params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
     plan = plan_batches(lengths, cfg.batch_tokens, cfg.epochs, cfg.seed)
     total = len(plan)
@@ -262,7 +287,12 @@ def _train(cfg: TrainConfig, records: list[dict], fingerprint: dict, world: dist
         state["heldout_start"] = heldout()  # where the draft stood before this run's first step
     if prompts and cfg.eval_at_start and "tau_start" not in state:
         state["tau_start"] = measure_tau(
-            target, model, prompts, k_eval, cfg.eval_max_new_tokens, drafter=cfg.method
+            target,
+            model,
+            prompts,
+            k_eval,
+            cfg.eval_max_new_tokens,
+            drafter=_DRAFTER.get(cfg.method, cfg.method),
         )
     eval_s = time.perf_counter() - t_eval
     period = 60.0 * cfg.eval_every_minutes if cfg.eval_every_minutes else None
@@ -330,7 +360,12 @@ def _train(cfg: TrainConfig, records: list[dict], fingerprint: dict, world: dist
         t_eval = time.perf_counter()
         if main and prompts and evaluate:
             state["tau"] = rec["tau"] = measure_tau(
-                target, model, prompts, k_eval, cfg.eval_max_new_tokens, drafter=cfg.method
+                target,
+                model,
+                prompts,
+                k_eval,
+                cfg.eval_max_new_tokens,
+                drafter=_DRAFTER.get(cfg.method, cfg.method),
             )
         if heldout is not None and evaluate:
             rec |= heldout()
@@ -637,6 +672,127 @@ class _SavedHead:
         save_head(self, path, self.target_config, extra)
 
 
+class _DraftLM:
+    """A small causal LM distilled from the target: fresh layers at the target's width, or copies of
+    some of its layers (`init_layers`), on the target's own embedding and head, which stay frozen;
+    at another width (`hidden`) it has its own embedding, tied to its head and trained."""
+
+    def __init__(self, cfg: TrainConfig, target, examples, world) -> None:
+        self.cfg, self.target, self.world = cfg, target, world
+        self.layers = [FINAL_HIDDEN]  # what the store or the target pass yields: logits come from it
+        self.model = DraftLMStudent(_draft_lm(cfg, target)).to(world.device, torch.float32).train()
+        self.store = _open_store(cfg, examples, self.layers)
+
+    def forward_backward(
+        self, examples, ids: list[int], step: int, autocast, train: bool = True
+    ) -> torch.Tensor:
+        cfg = self.cfg
+        if not examples:
+            return _idle(self.world, 1)
+        batch = pack(examples, cfg.max_len, packing=can_pack(self.target)).to(self.world.device)
+        if self.store is None or not train:
+            logits = target_pass(self.target, batch, self.layers)[1]
+        else:
+            logits = stored_pass(self.target, self.store, batch, ids, self.layers)[1]
+        local = draft_lm_counted(batch.loss_mask, batch.segments).sum().reshape(1).long()
+        counts = distributed.all_sum(self.world, local) if train else local
+        with autocast:
+            res = draft_lm_loss(
+                self.model.lm, batch.input_ids, batch.loss_mask, logits,
+                segments=batch.segments, positions=batch.positions, counts=counts,
+            )  # fmt: skip
+        if train:
+            res.loss.backward()
+        return _parts(res, batch.num_tokens)
+
+    def export(self, dtype: torch.dtype) -> DraftLMStudent:
+        return DraftLMStudent(self.model.lm, dtype)
+
+    def info(self) -> dict:
+        cfg = self.model.lm.config
+        return {
+            "layers": cfg.num_hidden_layers,
+            "hidden": cfg.hidden_size,
+            "init_layers": self.cfg.init_layers,
+        }
+
+
+class DraftLMStudent(torch.nn.Module):
+    """The draft LM under training; `save` writes the folder `draft:PATH` loads (its layers and
+    norm only when it shares the target's embedding, else the whole model) in `dtype`."""
+
+    def __init__(self, lm, dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        self.lm = lm
+        self.dtype = dtype
+
+    def _tied(self) -> bool:
+        return self.lm.get_output_embeddings().weight is self.lm.get_input_embeddings().weight
+
+    def state_dict(self, *args, **kwargs) -> dict:
+        # A tied head is the embedding: stored once (safetensors refuses shared tensors).
+        state = super().state_dict(*args, **kwargs)
+        if self._tied():
+            state.pop("lm.lm_head.weight", None)
+        return state
+
+    def load_state_dict(self, state, strict: bool = True, assign: bool = False):
+        missing, unexpected = super().load_state_dict(state, strict=False, assign=assign)
+        missing = [m for m in missing if not (m == "lm.lm_head.weight" and self._tied())]
+        if strict and (missing or unexpected):
+            raise RuntimeError(f"draft LM state: missing {missing}, unexpected {unexpected}")
+        return missing, unexpected
+
+    def save(self, path, extra: dict | None = None) -> None:
+        dtype = self.dtype or next(self.lm.parameters()).dtype
+        extra = {"kind": draft_lm_format.KIND, **(extra or {})}
+        if self.lm.get_input_embeddings().weight.requires_grad:  # its own embedding: a full folder
+            state = {k.removeprefix("lm."): v.to(dtype) for k, v in self.state_dict().items()}
+            config = self.lm.config.to_dict() | {"torch_dtype": str(dtype).removeprefix("torch.")}
+            save_checkpoint_dir(path, state, config, extra | {"shares_target_embedding": False})
+        else:
+            draft_lm_format.save_shared(self.lm, path, extra, dtype)
+
+
+def _draft_lm(cfg: TrainConfig, target):
+    """The student: a copy of the target's config at `layers` depth (and `hidden` width)."""
+    from transformers import AutoModelForCausalLM
+
+    config = copy.deepcopy(target.model.config)
+    far = [i for i in cfg.init_layers or [] if i >= target.num_layers]
+    if far:
+        raise UserError(
+            f"--init-from-target-layers: the target has layers 0-{target.num_layers - 1}, not {far}"
+        )
+    config.num_hidden_layers = len(cfg.init_layers) if cfg.init_layers else cfg.layers
+    if getattr(config, "layer_types", None):
+        kinds = config.layer_types
+        config.layer_types = [kinds[i] for i in cfg.init_layers] if cfg.init_layers else kinds[: cfg.layers]
+    shared = cfg.hidden is None or cfg.hidden == config.hidden_size
+    if shared:
+        lm = draft_lm_format.build_shared(config, target.model, torch.float32)
+        lm.get_input_embeddings().weight.requires_grad_(False)
+        lm.get_output_embeddings().weight.requires_grad_(False)
+    else:
+        head_dim = config.hidden_size // config.num_attention_heads
+        ratio = config.intermediate_size / config.hidden_size
+        config.hidden_size = cfg.hidden
+        config.num_attention_heads = max(1, cfg.hidden // head_dim)
+        config.num_key_value_heads = math.gcd(config.num_attention_heads, config.num_key_value_heads)
+        config.head_dim = cfg.hidden // config.num_attention_heads
+        config.intermediate_size = int(round(ratio * cfg.hidden / 64)) * 64
+        config.tie_word_embeddings = True
+        torch.manual_seed(cfg.seed)
+        lm = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if cfg.init_layers:
+        src = target.model.get_decoder()
+        with torch.no_grad():
+            for j, i in enumerate(cfg.init_layers):
+                lm.model.layers[j].load_state_dict(src.layers[i].state_dict())
+            lm.model.norm.load_state_dict(src.norm.state_dict())
+    return lm
+
+
 def _open_store(cfg: TrainConfig, examples, layers: list[int]):
     """The offline feature store for these examples and layers, or None to compute them online."""
     if cfg.features is None:
@@ -731,6 +887,23 @@ def _check_args(cfg: TrainConfig) -> None:
             f"--init {cfg.init}: give random, last_layer, native, or a folder holding an MTP head "
             "(mtp.* tensors)"
         )
+    if cfg.method == "draft-lm":
+        if cfg.init_layers is not None:
+            bad = [i for i in cfg.init_layers if i < 0]
+            if not cfg.init_layers or bad:
+                raise UserError(
+                    f"--init-from-target-layers {cfg.init_layers}: give target layer ids 0, 1, ... "
+                    "separated by commas"
+                )
+        elif cfg.layers <= 0:
+            raise UserError(f"--layers {cfg.layers} must be positive")
+        if cfg.hidden is not None and cfg.hidden <= 0:
+            raise UserError(f"--hidden {cfg.hidden} must be positive")
+        if cfg.hidden is not None and cfg.init_layers:
+            raise UserError(
+                "--hidden and --init-from-target-layers exclude each other: copied layers "
+                "have the target's width"
+            )
     if cfg.method == "dflash":
         if cfg.block_size < 2:
             raise UserError(f"--block-size {cfg.block_size} must be at least 2 (one token to draft)")
@@ -761,6 +934,9 @@ def _check_out(cfg: TrainConfig, fingerprint: dict) -> None:
             f"{cfg.out} already holds a checkpoint of this run at step {saved['step']}; "
             "pass --resume to continue it, or choose another --out"
         )
+
+
+_DRAFTER = {"draft-lm": "draft"}  # method -> the registry name of the drafter that loads its folder
 
 
 def _digest(path: str) -> str:

@@ -6,11 +6,13 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-from tiny import random_prompts, tiny_model, tiny_target
+from tiny import random_prompts, save_draft_lm, tiny_model, tiny_target
 
-from draftsmith.bench.peers import PEERS, Peer, PeerResult, expand_peers, peer_available
+from draftsmith.bench.peers import PEERS, Assistant, Peer, PeerResult, expand_peers, peer_available
+from draftsmith.bench.runner import run_bench
 from draftsmith.decoding.engine import generate
 from draftsmith.decoding.sampling import SamplingParams
+from draftsmith.drafters import registry
 from draftsmith.errors import UserError
 from draftsmith.target.model import Target
 
@@ -91,6 +93,43 @@ def test_peer_checks_context(target):
 
 def test_hf_assisted_skipped_on_hybrid_target():
     assert "stateful" in peer_available("hf-assisted", tiny_target("qwen3_5"))
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_hf_assisted_with_a_draft_model_equals_hf(target, tmp_path):
+    """transformers' `assistant_model` with the model `draft:PATH` loaded: the same greedy tokens as
+    plain `hf` and our engine, and a seeded sampling run that repeats itself."""
+    spec = f"draft:{save_draft_lm(tmp_path / 'd', scale=4.0)}"
+    factory = registry.build(spec)
+    factory.bind(target, SamplingParams())
+    peer = Peer("hf-assisted", target, max_context=128, assistant=Assistant(spec, factory.model, k=3))
+    assert peer.assistant_name == spec and peer.draft_k == 3
+    plain = Peer("hf", target, max_context=128)
+    drafted = []
+    factory.model.register_forward_hook(lambda *_: drafted.append(1))
+    for ids in random_prompts(3, seed=1):
+        res = peer.run(ids, NEW, SamplingParams())
+        assert res.token_ids == plain.run(ids, NEW, SamplingParams()).token_ids
+        assert res.token_ids == generate(target, factory, [ids], k=3, max_new_tokens=NEW)[0].token_ids
+        _check_timings(res)
+    assert drafted  # transformers ran the draft model
+    params = SamplingParams(temperature=1.0, seed=7)
+    a, b = peer.run(ids, NEW, params), peer.run(ids, NEW, params)
+    assert a.token_ids == b.token_ids and a.new_tokens == NEW
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_bench_records_the_assistant(target, tmp_path):
+    path = save_draft_lm(tmp_path / "d", scale=4.0)
+    prompts = random_prompts(1, seed=4)
+    common = dict(peers=["hf-assisted"], sampling=SamplingParams(), k=5, max_new_tokens=8, workload="w")
+    runs = {}
+    for methods in (["ngram", f"draft:{path}:k=2@4"], ["ngram"]):
+        result = run_bench(target, prompts, methods=methods, progress=False, log=lambda m: None, **common)
+        runs[len(methods)] = {r["method"]: r for r in result["runs"]}["hf-assisted"]
+    assert (runs[2]["assistant"], runs[2]["k"]) == (f"draft:{path}:k=2", 2)  # its k=2 caps @4
+    assert (runs[1]["assistant"], runs[1]["k"]) == ("prompt_lookup", 10)
+    assert runs[2]["match_rate"] == runs[1]["match_rate"] == 1.0
 
 
 # ---------------------------------------------------------------- llama.cpp peers

@@ -1,6 +1,6 @@
 """Integration: the embedded SmolLM2 target in float32, every training-free drafter and several k,
-and the trained speculators committed in `speculators/`, give exactly plain greedy decoding, alone
-and in a ragged batch."""
+the trained speculators committed in `speculators/`, and SmolLM2 as its own draft model, give
+exactly plain greedy decoding, alone and in a ragged batch."""
 
 from pathlib import Path
 
@@ -82,3 +82,12 @@ def test_ragged_batch_equals_single_rows(smollm2, prompt_ids, plain):
     out = generate(smollm2, registry.build("ngram"), prompt_ids, k=6, max_new_tokens=64)
     assert len(prompt_ids[0]) != len(prompt_ids[1])
     assert [r.token_ids for r in out] == plain
+
+
+def test_smollm2_as_its_own_draft_model(smollm2, prompt_ids, plain):
+    """`draft:smollm2-135m`: the target drafting for itself (a second copy, on the uncompiled lean
+    forward, one token a forward) gives plain decoding and has nearly every draft accepted."""
+    k = 4
+    res = generate(smollm2, registry.build("draft:smollm2-135m"), [prompt_ids[0]], k=k, max_new_tokens=64)[0]
+    assert res.token_ids == plain[0]
+    assert res.stats.tau > k
