@@ -104,14 +104,29 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_train_draft_lm_parser(trsub)
 
-    e = sub.add_parser("export", help="write a trained speculator in the layout SGLang or vLLM loads")
+    e = sub.add_parser(
+        "export",
+        help="write a trained speculator (EAGLE-3, DFlash, draft LM) in the layout SGLang or vLLM loads",
+    )
     e.add_argument("--format", required=True, choices=["sglang", "vllm"])
     e.add_argument(
         "--verifier",
         default=None,
-        help="target name or hub id recorded for vLLM (default: from draftsmith.json)",
+        help="target name or hub id recorded in an EAGLE-3 vLLM config (default: from draftsmith.json)",
     )
-    e.add_argument("--k", type=int, default=3, help="speculative tokens recorded in the vLLM proposal method")
+    e.add_argument(
+        "--k",
+        type=int,
+        default=None,
+        help="speculative tokens: recorded in an EAGLE-3 vLLM config, used in the printed serving "
+        "flags (default 3; DFlash: block size - 1)",
+    )
+    e.add_argument(
+        "--target",
+        default=None,
+        help="the target a draft LM was trained for, whose embedding, head and tokenizer it gets "
+        "(default: draftsmith.json's target_spec)",
+    )
     e.add_argument("src")
     e.add_argument("dst")
     e.set_defaults(func=cmd_export)
@@ -282,10 +297,14 @@ def cmd_bench(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from draftsmith.formats.eagle3_formats import export_eagle3
+    from draftsmith.formats.export import export
 
-    dst = export_eagle3(args.src, args.dst, args.format, verifier=args.verifier, k=args.k)
-    print(f"wrote {args.format} EAGLE-3 checkpoint to {dst}")
+    what, serve = export(
+        args.src, args.dst, args.format, verifier=args.verifier, k=args.k, target=args.target
+    )
+    print(f"wrote {args.format} {what} checkpoint to {args.dst}")
+    for line in serve:
+        print(f"  {line}")
     return 0
 
 

@@ -17,19 +17,25 @@ Reading accepts both places for the block size (top level: z-lab/Qwen3-8B-DFlash
 names, and a missing `target_layer_ids` (then the published default spread with K = number of draft
 layers, as SGLang does). It refuses what this model does not compute: DFlash2 selectors and
 convolutions, causal or sliding-window draft layers, attention biases, reduced draft vocabularies.
+
+`export_dflash` writes any folder the reader accepts back in the layout above, which is what vLLM
+(`"method": "dflash"`) and SGLang (`--speculative-algorithm DFLASH`) load for both `--format`s:
+the config needs no verifier name, since both engines take the target from the served model.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from transformers import Qwen3Config
 
 from draftsmith.drafters.dflash import ARCHITECTURE, DEFAULT_BLOCK_SIZE, default_target_layer_ids
 from draftsmith.errors import UserError
+from draftsmith.fileio import atomic_dir, atomic_write_json, require_empty_dir
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -113,3 +119,30 @@ def read_dflash_checkpoint(path: str | Path) -> tuple[Qwen3Config, dict[str, tor
     for key in ("embed_tokens.weight", "lm_head.weight"):
         state.pop(key, None)  # some exports carry the target's; we use the target's own
     return config, state
+
+
+def export_dflash(src: str | Path, dst: str | Path, fmt: str = "vllm") -> Path:
+    """Write the DFlash drafter at SRC (any layout `read_dflash_checkpoint` takes) to DST in the
+    published layout, atomically: canonical tensor names, the complete `dflash_config`, tensors in
+    their stored dtype (bit-exact). `fmt` is only recorded (`exported_as`): both engines read this
+    one layout. An `auto_map` (z-lab's remote code for transformers) is kept with its module files
+    when SRC has them, else dropped."""
+    src, dst = Path(src), Path(dst)
+    require_empty_dir(dst)
+    config, state = read_dflash_checkpoint(src)
+    cfg = config_dict(config, state["fc.weight"].dtype)
+    code = {str(v).split(".")[0] + ".py" for v in (cfg.get("auto_map") or {}).values()}
+    if not code or not all((src / f).is_file() for f in code):
+        cfg.pop("auto_map", None)
+        code = set()
+    meta_file = src / "draftsmith.json"
+    with atomic_dir(dst) as tmp:
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        atomic_write_json(tmp / "config.json", cfg)
+        for f in sorted(code):
+            shutil.copyfile(src / f, tmp / f)
+        if meta_file.is_file():
+            atomic_write_json(
+                tmp / "draftsmith.json", json.loads(meta_file.read_text()) | {"exported_as": fmt}
+            )
+    return dst

@@ -15,8 +15,6 @@ canonical form: a LlamaConfig with our extra fields plus a state dict with `midl
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -24,6 +22,7 @@ from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig
 
 from draftsmith.errors import UserError
+from draftsmith.fileio import atomic_dir, require_empty_dir
 
 # Hub ids of the embedded targets, for the verifier field of exported configs.
 EMBEDDED_HUB_IDS = {
@@ -115,30 +114,21 @@ def export_eagle3(
     if fmt not in ("sglang", "vllm"):
         raise UserError(f"unknown --format '{fmt}': use sglang or vllm")
     src, dst = Path(src), Path(dst)
-    if dst.exists() and any(dst.iterdir()):
-        raise UserError(f"{dst} exists and is not empty: choose a new destination or remove it")
+    require_empty_dir(dst)
     config, state = read_eagle3_checkpoint(src)
     meta_file = src / "draftsmith.json"
     meta = json.loads(meta_file.read_text()) if meta_file.exists() else {}
     verifier = verifier or EMBEDDED_HUB_IDS.get(str(meta.get("target")), meta.get("target"))
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
-    try:
-        if fmt == "sglang":
-            cfg, tensors = _sglang_config(config), state
-        else:
-            cfg = _vllm_config(config, verifier, k)
-            tensors = {k.replace("midlayer.", "layers.0."): v for k, v in state.items()}
+    if fmt == "sglang":
+        cfg, tensors = _sglang_config(config), state
+    else:
+        cfg = _vllm_config(config, verifier, k)
+        tensors = {k.replace("midlayer.", "layers.0."): v for k, v in state.items()}
+    with atomic_dir(dst) as tmp:
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
         save_file(
             {k: v.contiguous() for k, v in tensors.items()}, str(tmp / "model.safetensors"), {"format": "pt"}
         )
         if meta:
             (tmp / "draftsmith.json").write_text(json.dumps({**meta, "exported_as": fmt}, indent=2) + "\n")
-        if dst.exists():
-            dst.rmdir()
-        tmp.rename(dst)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return dst

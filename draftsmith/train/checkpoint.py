@@ -24,13 +24,14 @@ import json
 import os
 import random
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
+
+from draftsmith.fileio import make_temp_dir, plain_modes
 
 NAME = "checkpoint"
 _ASIDE = ".checkpoint.old"
@@ -59,7 +60,7 @@ def read_state(out: str | Path) -> dict | None:
 def save(out: str | Path, ckpt: Checkpoint) -> None:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".checkpoint.tmp-", dir=out))
+    tmp = make_temp_dir(out, "checkpoint")
     try:
         save_file(
             {k: v.detach().cpu().contiguous() for k, v in ckpt.model.items()}, str(tmp / "model.safetensors")
@@ -68,6 +69,7 @@ def save(out: str | Path, ckpt: Checkpoint) -> None:
         torch.save(ckpt.rng, tmp / "rng.pt")
         (tmp / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in ckpt.metrics))
         (tmp / "state.json").write_text(json.dumps(ckpt.state, indent=2) + "\n")
+        plain_modes(tmp)  # safetensors writes 0o600; a checkpoint is a normal folder
         for f in tmp.iterdir():
             _fsync(f)
         _fsync(tmp)
