@@ -107,7 +107,7 @@ class OracleFactory:
         self.noise = noise
         self.rng = random.Random(seed)
 
-    def __call__(self):
+    def __call__(self, sampling=None, generator=None):
         return _Oracle(self)
 
     def finish(self, prompt_ids, output_ids) -> None:
@@ -149,7 +149,7 @@ class SkewedFactory:
         self.vocab = vocab
         self.gen = torch.Generator().manual_seed(seed)
 
-    def __call__(self):
+    def __call__(self, sampling=None, generator=None):
         return _Skewed(self)
 
     def finish(self, prompt_ids, output_ids) -> None:
@@ -193,7 +193,7 @@ class TreeOracleFactory:
         self.references, self.width, self.noise, self.vocab = references, width, noise, vocab
         self.rng = random.Random(seed)
 
-    def __call__(self):
+    def __call__(self, sampling=None, generator=None):
         return _TreeOracle(self)
 
     def finish(self, prompt_ids, output_ids) -> None:

@@ -157,6 +157,7 @@ def run_bench(
                 steps=t.stats.steps,
                 draft_s=round(t.stats.draft_s, 3),
                 verify_s=round(t.stats.verify_s, 3),
+                other_s=round(t.stats.other_s, 3),
             )
         runs.append(run)
     for name, reason in skipped.items():

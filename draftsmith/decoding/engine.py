@@ -18,12 +18,12 @@ streaming leaves as a callback with the newly committed ids of a row.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
 
-from draftsmith.decoding.sampling import SamplingParams, make_generator, target_probs
+from draftsmith.decoding.sampling import SamplingParams, draft_stream, make_generator, target_probs
 from draftsmith.decoding.verify import verify_greedy, verify_sampling, verify_tree
 from draftsmith.drafters.base import Draft, Drafter, DrafterFactory, node_depths
 from draftsmith.errors import UserError
@@ -35,6 +35,21 @@ StreamFn = Callable[[int, list[int]], None]  # (row index, newly committed ids)
 
 @dataclass
 class DecodeStats:
+    """Counts and times of decoding, for a whole batch (`Batch.stats`) or one row (`Row.stats`,
+    which is also `Result.stats`).
+
+    Counts: a batch's are the sums of its rows' (`steps` counts row-steps, so tau is per row).
+    Times split a decode step by who spent it: `draft_s` the drafters (propose, and commit of the
+    accepted tokens), `verify_s` the target (its forward, the hybrid-target replay, the acceptance
+    test), `other_s` the rest (cache bookkeeping, commit, stop-string and streaming callbacks).
+    `prefill_s` is the prefill that admitted the rows, the drafters' `start` included.
+    A row's times are those of the steps it took part in (shared with its batch), its `decode_s`
+    their sum; a batch's `decode_s` is set by `generate` to the decode loop's wall time, so
+    draft_s + verify_s + other_s <= decode_s. Merging the rows of one batch therefore sums its
+    counts exactly but its times more than once: merge times only over runs that followed one
+    another (bench's prompts).
+    """
+
     steps: int = 0
     decode_tokens: int = 0  # tokens committed by decode steps (the first token comes from prefill)
     proposed: list[int] = field(default_factory=list)  # [i]: steps whose draft reached position i+1
@@ -45,6 +60,7 @@ class DecodeStats:
     draft_s: float = 0.0
     verify_s: float = 0.0
     decode_s: float = 0.0
+    other_s: float = 0.0
 
     @property
     def tau(self) -> float:
@@ -72,9 +88,16 @@ class DecodeStats:
         self.drafts += len(draft) > 0
         self.draft_tokens += len(draft)
 
+    def count_time(self, draft_s: float, verify_s: float, other_s: float) -> None:
+        """One decode step's time, split by who spent it."""
+        self.draft_s += draft_s
+        self.verify_s += verify_s
+        self.other_s += other_s
+        self.decode_s += draft_s + verify_s + other_s
+
     def merge(self, other: DecodeStats) -> None:
         names = ("steps", "decode_tokens", "drafts", "draft_tokens", "prefill_s", "draft_s", "verify_s")
-        for name in (*names, "decode_s"):
+        for name in (*names, "decode_s", "other_s"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         grow = len(other.proposed) - len(self.proposed)
         self.proposed += [0] * grow
@@ -83,12 +106,20 @@ class DecodeStats:
             self.proposed[i] += other.proposed[i]
             self.accepted[i] += other.accepted[i]
 
+    @classmethod
+    def combined(cls, parts: Iterable[DecodeStats]) -> DecodeStats:
+        """The merge of `parts`: for the rows of one batch, the batch's counts (see the class note)."""
+        total = cls()
+        for part in parts:
+            total.merge(part)
+        return total
+
 
 @dataclass
 class Result:
     token_ids: list[int]  # generated ids only
     finish_reason: str  # "stop" (EOS or stop string) or "length"
-    stats: DecodeStats
+    stats: DecodeStats  # this row's; DecodeStats.combined over the results gives the batch's counts
 
 
 @dataclass
@@ -121,8 +152,10 @@ class Batch:
     together with `step`, and leave when they finish or are `remove`d; row b of `rows` is row b of
     the cache. Stats in `stats` cover the whole batch, a row's own in `row.stats`.
 
-    The factory is bound once with `sampling` (EAGLE-3 drafts by sampling when that is not greedy);
-    rows may carry other settings and stay lossless, since verification uses each row's own."""
+    The factory is bound once (`sampling` is only its default); each row's drafter is made with the
+    row's own sampling and a draft stream derived from the row's generator (`draft_stream`), so a
+    request at temperature > 0 drafts by sampling at its temperature (EAGLE-3, MTP, draft LM) and
+    a seeded one reproduces whatever the batch. Verification uses each row's settings too."""
 
     def __init__(
         self,
@@ -152,7 +185,7 @@ class Batch:
         """Prefill `seqs` and let them join; returns their rows. A row that ends on its first token
         (EOS, stop, a budget of one) has already left again, with `finish` set."""
         for s in seqs:
-            _check(self.target, [s.prompt], self.k, s.max_new_tokens)
+            _check(self.target, [s.prompt], s.max_new_tokens)
         t0 = time.perf_counter()
         need = max(len(s.prompt) + s.max_new_tokens for s in seqs) + self.widest + 2
         if need > self.cache.capacity:  # grow geometrically so later joins rarely widen the buffers
@@ -160,17 +193,7 @@ class Batch:
             need = max(need, min(2 * self.cache.capacity, limit))
         first = self.cache.batch
         self.cache.grow(len(seqs), need)
-        rows = [
-            Row(
-                index=s.index,
-                prompt=list(s.prompt),
-                drafter=self.factory() if self.factory is not None else None,
-                sampling=s.sampling,
-                generator=_generator(s),
-                budget=s.max_new_tokens,
-            )
-            for s in seqs
-        ]
+        rows = [self._row(s) for s in seqs]
         slots = list(range(first, first + len(seqs)))
         logits, feats = _prefill(
             self.target, self.cache, slots, [r.prompt for r in rows], self.feature_layers
@@ -186,31 +209,39 @@ class Batch:
         self.rows += rows
         self._drop_finished()
         self.target.sync()
-        self.stats.prefill_s += time.perf_counter() - t0
+        elapsed = time.perf_counter() - t0
+        for st in (self.stats, *(row.stats for row in rows)):
+            st.prefill_s += elapsed
         return rows
+
+    def _row(self, s: Seq) -> Row:
+        gen = _generator(s)
+        drafter = None
+        if self.factory is not None:
+            drafter = self.factory(s.sampling, None if gen is None else draft_stream(gen))
+        return Row(s.index, list(s.prompt), drafter, s.sampling, gen, budget=s.max_new_tokens)
 
     @torch.inference_mode()
     def step(self) -> list[Row]:
         """One draft -> verify -> accept -> commit round for every live row; returns the rows that
         finished in it (they have left the batch)."""
-        live, cache, stats = self.rows, self.cache, self.stats
-        t = time.perf_counter()
+        live, cache = self.rows, self.cache
+        t0 = time.perf_counter()
         drafts = [_propose(row, self.k) for row in live]
-        stats.draft_s += time.perf_counter() - t
+        t1 = time.perf_counter()
 
-        t = time.perf_counter()
         ids, tree = _layout(live, drafts)  # ids [b, q]: pending token, then the draft
         if tree is not None and cache.has_recurrent_state:
             raise UserError("tree drafts are not supported on hybrid targets yet: use a chain drafter")
         snap = cache.snapshot_state() if cache.has_recurrent_state else None
         out = self.target.forward(cache, ids, feature_layers=self.feature_layers, tree=tree)
         paths = _verify(out.logits, drafts, live)
-        self.target.sync()
-        stats.verify_s += time.perf_counter() - t
-
         if snap is not None:
             _replay(self.target, cache, snap, ids, [len(path) for path, _ in paths], ids.shape[1])
-        t = time.perf_counter()
+        self.target.sync()
+        t2 = time.perf_counter()
+
+        drafter_s = 0.0  # the drafters' share of the commit loop
         for b, (row, d, (path, nxt)) in enumerate(zip(live, drafts, paths, strict=True)):
             n = len(path)
             if path != list(range(n)):  # a tree branch: its entries move next to the committed ones
@@ -218,12 +249,16 @@ class Batch:
             cache.advance(b, n + 1)  # the pending token and n accepted drafts now stand in the cache
             accepted = [d.tokens[i] for i in path] + [nxt]
             committed = _commit(row, accepted, self.target, self.stop, self.on_tokens)
-            for st in (stats, row.stats):
+            for st in (self.stats, row.stats):
                 st.count_step(d, n, committed)
             if row.drafter is not None and row.finish is None:
                 row_feats = out.features[b, [0] + [1 + i for i in path]] if out.features is not None else None
+                t = time.perf_counter()
                 row.drafter.commit(accepted, row_feats)
-        stats.draft_s += time.perf_counter() - t
+                drafter_s += time.perf_counter() - t
+        t3 = time.perf_counter()
+        for st in (self.stats, *(row.stats for row in live)):
+            st.count_time(t1 - t0 + drafter_s, t2 - t1, t3 - t2 - drafter_s)
         return self._drop_finished()
 
     def remove(self, indices: set[int]) -> list[Row]:
@@ -272,9 +307,9 @@ def generate(
     stop: StopFn | None = None,
     on_tokens: StreamFn | None = None,
 ) -> list[Result]:
-    """Generate for a batch of prompts; one Result per prompt, in order. Stats are per batch."""
+    """Generate for a batch of prompts; one Result per prompt, in order, each with its row's stats."""
     sampling = sampling or SamplingParams()
-    _check(target, prompts, k, max_new_tokens)
+    _check(target, prompts, max_new_tokens)
     batch = Batch(target, drafter, k=k, sampling=sampling, stop=stop, on_tokens=on_tokens)
     rows = batch.add([Seq(i, p, max_new_tokens, sampling) for i, p in enumerate(prompts)])
     t_decode = time.perf_counter()
@@ -286,17 +321,15 @@ def generate(
         for row in rows:
             drafter.finish(row.prompt, row.output)
     return [
-        Result(token_ids=row.output, finish_reason=row.finish or "length", stats=batch.stats) for row in rows
+        Result(token_ids=row.output, finish_reason=row.finish or "length", stats=row.stats) for row in rows
     ]
 
 
-def _check(target: Target, prompts: list[list[int]], k: int, max_new_tokens: int) -> None:
+def _check(target: Target, prompts: list[list[int]], max_new_tokens: int) -> None:
     if not prompts:
         raise UserError("no prompts given")
     if any(len(p) == 0 for p in prompts):
         raise UserError("empty prompt: give at least one token of input")
-    if k <= 0:
-        raise UserError(f"--k {k} must be a positive number of drafted tokens")
     if max_new_tokens <= 0:
         raise UserError(f"--max-new-tokens {max_new_tokens} must be positive")
     longest = max(len(p) for p in prompts)

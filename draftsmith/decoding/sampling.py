@@ -6,6 +6,7 @@ function turns logits into p for plain decoding and for verification. Temperatur
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 
 import torch
@@ -62,9 +63,16 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return probs
 
 
+def fresh_seed() -> int:
+    """A random 63-bit seed for a request without one. It never touches torch's global generator
+    (`torch.seed()` would reseed it): that one belongs to the user's program, not to a library."""
+    return secrets.randbits(63)
+
+
 def make_generator(seed: int | None, row: int = 0) -> torch.Generator:
+    """The engine's acceptance stream for row `row` of a request seeded with `seed` (None: fresh)."""
     g = torch.Generator()
-    g.manual_seed(((seed if seed is not None else torch.seed()) * 1_000_003 + row) % 2**63)
+    g.manual_seed(((seed if seed is not None else fresh_seed()) * 1_000_003 + row) % 2**63)
     return g
 
 
@@ -75,5 +83,17 @@ def draft_generator(seed: int | None, index: int = 0) -> torch.Generator:
     engine verifies request `index` with make_generator(seed, index); an LCG step scrambles that
     seed so the two streams never coincide (with seed 0 and index 0 they otherwise would).
     """
-    base = (seed if seed is not None else torch.seed()) * 1_000_003 + index
-    return torch.Generator().manual_seed((base * 6364136223846793005 + 1442695040888963407) % 2**63)
+    base = (seed if seed is not None else fresh_seed()) * 1_000_003 + index
+    return torch.Generator().manual_seed(_scramble(base))
+
+
+def draft_stream(acceptance: torch.Generator) -> torch.Generator:
+    """The drafter's stream for the row verified with `acceptance`, seeded from that generator's
+    seed by the same LCG step: draft_stream(make_generator(s, i)) equals draft_generator(s, i), and
+    a row that brings its own generator (a server request) drafts reproducibly from it. The
+    acceptance stream itself is not drawn from."""
+    return torch.Generator().manual_seed(_scramble(acceptance.initial_seed()))
+
+
+def _scramble(seed: int) -> int:
+    return (seed * 6364136223846793005 + 1442695040888963407) % 2**63

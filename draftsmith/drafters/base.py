@@ -13,9 +13,12 @@ Words: k = number of drafted tokens asked for; q = the draft distribution. A det
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import torch
+
+if TYPE_CHECKING:
+    from draftsmith.decoding.sampling import SamplingParams
 
 
 @dataclass
@@ -67,19 +70,25 @@ class Drafter(Protocol):
 
 
 class DrafterFactory(Protocol):
-    """Makes one drafter per request; holds whatever is shared across requests."""
+    """Makes one drafter per request; holds whatever is shared across requests.
+
+    A factory that needs the target (its embedding, device, dtype, layer count) has
+    `bind(target, sampling)`, which the engine calls before the first request; `sampling` is the
+    default for drafters made without settings of their own.
+
+    `factory(sampling, generator)` makes the drafter of a request with these sampling settings:
+    one that samples its drafts (EAGLE-3, MTP, draft LM) draws them from `generator`, a stream
+    independent of the engine's acceptance test, so each request drafts with its own temperature
+    and stays reproducible under its own seed. Deterministic drafters ignore both; None means the
+    bound settings and a stream of the factory's own.
+    """
 
     name: str
     needs_features: tuple[int, ...]
 
-    def __call__(self) -> Drafter: ...
+    def __call__(
+        self, sampling: SamplingParams | None = None, generator: torch.Generator | None = None
+    ) -> Drafter: ...
 
     def finish(self, prompt_ids: list[int], output_ids: list[int]) -> None:
         """A request ended; factories may learn from its output (e.g. a global suffix tree)."""
-
-
-class BindsTarget(Protocol):
-    """Optional capability: a factory that needs the target (its embedding, device, dtype, layer
-    count) or the sampling settings before its first request. The engine calls `bind` if present."""
-
-    def bind(self, target, sampling) -> None: ...

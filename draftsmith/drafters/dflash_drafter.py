@@ -23,6 +23,8 @@ the draft alone, so it stays exact.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from draftsmith.drafters.base import Draft
@@ -30,6 +32,9 @@ from draftsmith.drafters.dflash import DFlashModel, load_dflash
 from draftsmith.drafters.registry import check_probability, register, split_path_options
 from draftsmith.errors import UserError
 from draftsmith.target.packed import use_fast_linear
+
+if TYPE_CHECKING:
+    from draftsmith.decoding.sampling import SamplingParams
 
 
 class _ContextKV:
@@ -141,7 +146,10 @@ class DFlashFactory:
                 f"has {target.num_layers} layers: use a drafter trained for this target"
             )
 
-    def __call__(self) -> DFlashDrafter:
+    def __call__(
+        self, sampling: SamplingParams | None = None, generator: torch.Generator | None = None
+    ) -> DFlashDrafter:
+        # A block is drafted deterministically (q one-hot), exact at any temperature.
         if self.model is None:
             raise RuntimeError("DFlashFactory.bind(target, sampling) must run before drafting")
         return DFlashDrafter(self)

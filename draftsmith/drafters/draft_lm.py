@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from draftsmith.decoding.sampling import draft_generator
+from draftsmith.decoding.sampling import SamplingParams, draft_generator
 from draftsmith.drafters.base import Draft
 from draftsmith.drafters.registry import register, split_path_options
 from draftsmith.errors import UserError
@@ -52,8 +52,10 @@ class DraftLMDrafter:
 
     needs_features: tuple[int, ...] = ()
 
-    def __init__(self, factory: DraftLMFactory, gen: torch.Generator) -> None:
+    def __init__(self, factory: DraftLMFactory, sampling: SamplingParams, gen: torch.Generator) -> None:
         self.f = factory
+        self.sampling = not sampling.greedy  # drafts x ~ q at the request's temperature, else argmax
+        self.temperature = sampling.temperature or 1.0
         self.lm: Target = factory.lm
         self.gen = gen
         self.context: list[int] = []  # prompt and committed tokens
@@ -118,9 +120,9 @@ class DraftLMDrafter:
         """The drafted token and, when sampling, q [target vocab] it was drawn from."""
         v = self.f.vocab_size
         logits = logits[:v]  # padding rows of a larger head are not tokens of the target
-        if not self.f.sampling:
+        if not self.sampling:
             return int(logits.argmax()), None
-        q = torch.softmax(logits.float().cpu() / self.f.temperature, -1)
+        q = torch.softmax(logits.float().cpu() / self.temperature, -1)
         # Exact speculative sampling needs x ~ q, so sample rather than take the argmax.
         token = int(torch.multinomial(q, 1, generator=self.gen))
         return token, F.pad(q, (0, v - q.shape[0]))
@@ -138,9 +140,7 @@ class DraftLMFactory:
         self.lm: Target | None = None
         self.vocab_size = 0  # the target's (head rows), the width of q
         self.embed_rows = 0  # the draft's input embedding rows
-        self.sampling = False
-        self.temperature = 1.0
-        self.seed = 0
+        self.sampling = SamplingParams()  # for drafters made without settings of their own
         self._requests = itertools.count()
 
     @property
@@ -162,14 +162,15 @@ class DraftLMFactory:
             self.lm = lm
             self.vocab_size = target.vocab_size
             self.embed_rows = lm.model.get_input_embeddings().weight.shape[0]
-        self.sampling = not sampling.greedy
-        self.temperature = sampling.temperature or 1.0
-        self.seed = sampling.seed if sampling.seed is not None else torch.seed()
+        self.sampling = sampling
 
-    def __call__(self) -> DraftLMDrafter:
+    def __call__(
+        self, sampling: SamplingParams | None = None, generator: torch.Generator | None = None
+    ) -> DraftLMDrafter:
         if self.lm is None:
             raise RuntimeError("DraftLMFactory.bind(target, sampling) must run before drafting")
-        return DraftLMDrafter(self, draft_generator(self.seed, next(self._requests)))
+        s = sampling or self.sampling
+        return DraftLMDrafter(self, s, generator or draft_generator(s.seed, next(self._requests)))
 
     def finish(self, prompt_ids: list[int], output_ids: list[int]) -> None:
         pass

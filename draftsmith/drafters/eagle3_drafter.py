@@ -25,7 +25,7 @@ import itertools
 
 import torch
 
-from draftsmith.decoding.sampling import draft_generator
+from draftsmith.decoding.sampling import SamplingParams, draft_generator
 from draftsmith.drafters.base import Draft
 from draftsmith.drafters.eagle3 import Eagle3Model, load_eagle3
 from draftsmith.drafters.registry import check_probability, register, split_path_options
@@ -56,8 +56,10 @@ class _KV:
 
 
 class Eagle3Drafter:
-    def __init__(self, factory: Eagle3Factory, gen: torch.Generator) -> None:
+    def __init__(self, factory: Eagle3Factory, sampling: SamplingParams, gen: torch.Generator) -> None:
         self.f = factory
+        self.sampling = not sampling.greedy  # drafts x ~ q at the request's temperature, else argmax
+        self.temperature = sampling.temperature or 1.0
         self.model = factory.model
         self.needs_features = factory.needs_features
         p = next(self.model.parameters())
@@ -113,8 +115,8 @@ class Eagle3Drafter:
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
         for i in range(k):
-            if self.f.sampling:
-                q = torch.softmax(logits.float() / self.f.temperature, -1)
+            if self.sampling:
+                q = torch.softmax(logits.float() / self.temperature, -1)
                 # The cut looks at q's top probability, never at the sampled token: cutting on q(x)
                 # would leave x distributed as q truncated, and verification against q inexact.
                 if float(q.max()) < self.f.min_prob:
@@ -231,10 +233,8 @@ class Eagle3Factory:
         self.max_draft_tokens = 0 if tree is None else tree[1]
         self.model: Eagle3Model | None = None
         self.needs_features: tuple[int, ...] = ()
-        self.sampling = False
-        self.temperature = 1.0
+        self.sampling = SamplingParams()  # for drafters made without settings of their own
         self.vocab_size = 0
-        self.seed = 0
         self._requests = itertools.count()
 
     def bind(self, target, sampling) -> None:
@@ -255,14 +255,15 @@ class Eagle3Factory:
                 )
             self.draft_to_target = self.model.draft_to_target()
             self.vocab_size = target.vocab_size
-        self.sampling = not sampling.greedy
-        self.temperature = sampling.temperature or 1.0
-        self.seed = sampling.seed if sampling.seed is not None else torch.seed()
+        self.sampling = sampling
 
-    def __call__(self) -> Eagle3Drafter:
+    def __call__(
+        self, sampling: SamplingParams | None = None, generator: torch.Generator | None = None
+    ) -> Eagle3Drafter:
         if self.model is None:
             raise RuntimeError("Eagle3Factory.bind(target, sampling) must run before drafting")
-        return Eagle3Drafter(self, draft_generator(self.seed, next(self._requests)))
+        s = sampling or self.sampling
+        return Eagle3Drafter(self, s, generator or draft_generator(s.seed, next(self._requests)))
 
     def finish(self, prompt_ids: list[int], output_ids: list[int]) -> None:
         pass

@@ -20,10 +20,15 @@ factory names, and that side receives them.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from draftsmith.drafters.base import Draft, Drafter, DrafterFactory
 from draftsmith.errors import UserError
+
+if TYPE_CHECKING:
+    from draftsmith.decoding.sampling import SamplingParams
 
 
 class HybridDrafter:
@@ -77,8 +82,13 @@ class HybridFactory:
             )
         self.feeds_first = bool(self.first.needs_features)
 
-    def __call__(self) -> HybridDrafter:
-        return HybridDrafter(self.first(), self.second(), self.feeds_first)
+    def __call__(
+        self, sampling: SamplingParams | None = None, generator: torch.Generator | None = None
+    ) -> HybridDrafter:
+        # Both sides may share one stream: which side drafts depends on the context alone, and
+        # every draw stays independent of the engine's acceptance stream.
+        a, b = self.first(sampling, generator), self.second(sampling, generator)
+        return HybridDrafter(a, b, self.feeds_first)
 
     def finish(self, prompt_ids: list[int], output_ids: list[int]) -> None:
         self.first.finish(prompt_ids, output_ids)

@@ -34,8 +34,9 @@ from draftsmith.target.packed import use_fast_linear
 
 
 class MTPDrafter:
-    def __init__(self, factory: MTPFactory, gen: torch.Generator) -> None:
+    def __init__(self, factory: MTPFactory, sampling: SamplingParams, gen: torch.Generator) -> None:
         self.f = factory
+        self.sampling = None if sampling.greedy else sampling  # None: argmax drafts
         self.head: MTPHead = factory.head
         self.needs_features = factory.needs_features
         p = next(self.head.parameters())
@@ -86,8 +87,8 @@ class MTPDrafter:
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
         for i in range(k):
-            if self.f.sampling is not None:
-                q = target_probs(logits, self.f.sampling).cpu()
+            if self.sampling is not None:
+                q = target_probs(logits, self.sampling).cpu()
                 tokens.append(int(torch.multinomial(q, 1, generator=self.gen)))
                 qs.append(q)
             else:
@@ -124,21 +125,22 @@ class MTPFactory:
         self.path = path
         self.head: MTPHead | None = None
         self.needs_features: tuple[int, ...] = (FINAL_HIDDEN,)
-        self.sampling: SamplingParams | None = None  # None = greedy
-        self.seed = 0
+        self.sampling = SamplingParams()  # for drafters made without settings of their own
         self._rows = itertools.count()
 
     def bind(self, target, sampling: SamplingParams) -> None:
         if self.head is None:
             self.head = load_head(target, self.path)
             use_fast_linear(self.head)  # its layer and fc (the LM head is the target's, already switched)
-        self.sampling = None if sampling.greedy else sampling
-        self.seed = sampling.seed if sampling.seed is not None else torch.seed()
+        self.sampling = sampling
 
-    def __call__(self) -> MTPDrafter:
+    def __call__(
+        self, sampling: SamplingParams | None = None, generator: torch.Generator | None = None
+    ) -> MTPDrafter:
         if self.head is None:
             raise RuntimeError("MTPFactory.bind(target, sampling) must run before drafting")
-        return MTPDrafter(self, draft_generator(self.seed, next(self._rows)))
+        s = sampling or self.sampling
+        return MTPDrafter(self, s, generator or draft_generator(s.seed, next(self._rows)))
 
     def finish(self, prompt_ids: list[int], output_ids: list[int]) -> None:
         pass

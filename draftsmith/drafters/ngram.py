@@ -15,12 +15,16 @@ deterministic (`probs=None`). It learns nothing across requests (`finish` is a n
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from draftsmith.drafters.base import Draft
 from draftsmith.drafters.registry import parse_options, register
 from draftsmith.errors import UserError
+
+if TYPE_CHECKING:
+    from draftsmith.decoding.sampling import SamplingParams
 
 DEFAULTS: dict[str, int | float] = {"max_n": 3, "min_n": 1}
 
@@ -78,7 +82,10 @@ class NgramFactory:
     name: str = "ngram"
     needs_features: tuple[int, ...] = ()
 
-    def __call__(self) -> NgramDrafter:
+    def __call__(
+        self, sampling: SamplingParams | None = None, generator: torch.Generator | None = None
+    ) -> NgramDrafter:
+        # Deterministic drafts (q one-hot) are exact at any temperature: the settings change nothing.
         return NgramDrafter(self.max_n, self.min_n)
 
     def finish(self, prompt_ids: list[int], output_ids: list[int]) -> None:

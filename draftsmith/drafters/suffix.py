@@ -38,12 +38,16 @@ is not thread-safe: one engine thread calls all drafters of a factory.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from draftsmith.drafters.base import Draft
 from draftsmith.drafters.registry import parse_options, register
 from draftsmith.errors import UserError
+
+if TYPE_CHECKING:
+    from draftsmith.decoding.sampling import SamplingParams
 
 DEFAULTS: dict[str, int | float] = {
     "max_depth": 64,
@@ -303,7 +307,10 @@ class SuffixFactory:
     def __post_init__(self) -> None:
         self.tree = GlobalTree(self.max_depth, self.max_tokens_global)
 
-    def __call__(self) -> SuffixDrafter:
+    def __call__(
+        self, sampling: SamplingParams | None = None, generator: torch.Generator | None = None
+    ) -> SuffixDrafter:
+        # Deterministic drafts (q one-hot) are exact at any temperature: the settings change nothing.
         return SuffixDrafter(self.tree, self.factor, self.min_prob, self.min_score)
 
     def finish(self, prompt_ids: list[int], output_ids: list[int]) -> None:

@@ -30,7 +30,7 @@ from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
 from draftsmith.decoding.engine import Row
-from draftsmith.decoding.sampling import SamplingParams, make_generator
+from draftsmith.decoding.sampling import GREEDY_BELOW, SamplingParams, make_generator
 from draftsmith.drafters.base import DrafterFactory
 from draftsmith.serve import protocol as P
 from draftsmith.serve.detok import TextStream
@@ -41,7 +41,6 @@ from draftsmith.target.model import Target
 
 log = logging.getLogger("draftsmith.serve")
 RETRY_AFTER_S = 1
-GREEDY_BELOW = 1e-5
 MIN_TOP_P = 1e-6
 DISCONNECT_POLL_S = 0.5
 

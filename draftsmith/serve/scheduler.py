@@ -86,6 +86,8 @@ class Scheduler:
         metrics.watch(lambda: len(self.jobs), lambda: len(self.waiting))
 
     def _new_batch(self) -> Batch:
+        # Bound without sampling settings: each request's drafter drafts with the request's own
+        # (sampled drafts at temperature > 0, from a stream tied to the request's seed).
         return Batch(self.target, self.factory, k=self.k, stop=self._stop, on_tokens=self._on_tokens)
 
     # ---- called from the event loop ----------------------------------------------------------------

@@ -76,7 +76,8 @@ def _engine_step(generate, target, prompts: list[list[int]], tokens: int = 16) -
     """Seconds per decode step of plain decoding with these prompts in one batch."""
     res = generate(target, None, prompts, k=1, max_new_tokens=tokens)
     steps = max(len(r.token_ids) for r in res) - 1  # the first token comes from prefill
-    return res[0].stats.decode_s / max(steps, 1)
+    # A row's decode_s sums the steps it took part in; the longest row took part in all of them.
+    return max(r.stats.decode_s for r in res) / max(steps, 1)
 
 
 def calibrate(

@@ -428,10 +428,6 @@ CATALOG: dict[str, tuple[str, dict]] = {
 }
 
 
-def catalog_names() -> list[str]:
-    return list(CATALOG)
-
-
 def load_model(spec: str) -> ModelShape:
     """A catalog name (case-insensitive), a `config.json` path, or a folder holding one."""
     key = spec.strip().lower()

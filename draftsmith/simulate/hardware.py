@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from draftsmith.errors import UserError
@@ -197,7 +197,3 @@ def load_local(path: Path | None = None) -> Hardware:
 
 def profile_dict(hw: Hardware) -> dict:
     return asdict(hw)
-
-
-def with_overrides(hw: Hardware, **kw) -> Hardware:
-    return replace(hw, **kw)

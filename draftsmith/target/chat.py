@@ -21,12 +21,6 @@ def encode_messages(tokenizer, messages: list[dict]) -> list[int]:
     return tokenizer(text)["input_ids"]
 
 
-def encode_prompt(tokenizer, prompt: str) -> list[int]:
-    if not prompt.strip():
-        raise UserError("empty prompt: give the text to answer, e.g. draftsmith generate 'Write a haiku'")
-    return encode_messages(tokenizer, [{"role": "user", "content": prompt}])
-
-
 def stop_checker(tokenizer, stops: list[str]):
     """Return a StopFn that fires once the decoded tail of a row contains any stop string."""
     if not stops:

@@ -120,10 +120,6 @@ class Target:
     # --- cost facts the simulator and reports use -----------------------------------------------
 
     @property
-    def num_params(self) -> int:
-        return sum(p.numel() for p in self.model.parameters())
-
-    @property
     def is_hybrid(self) -> bool:
         return bool(self.linear_layers)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import tempfile
 
 from draftsmith.bench.workloads import load_workload
-from draftsmith.decoding.engine import generate
+from draftsmith.decoding.engine import DecodeStats, generate
 from draftsmith.drafters import registry
 from draftsmith.drafters.eagle3 import Eagle3Model
 from draftsmith.drafters.mtp import MTPHead, save_head
@@ -47,4 +47,4 @@ def measure_tau(
         results = generate(
             target, registry.build(f"{drafter}:{d}"), prompts, k=k, max_new_tokens=max_new_tokens
         )
-    return results[0].stats.tau  # stats are per batch, shared by every result
+    return DecodeStats.combined(r.stats for r in results).tau  # the rows' counts add up to the batch's

@@ -1,11 +1,13 @@
 """The engine against plain decoding: equal tokens at temperature 0 (float32), equal distributions
 at temperature > 0, rows independent, limits respected, bad input refused."""
 
+import time
+
 import pytest
 import torch
 from tiny import OracleFactory, SkewedFactory, random_prompts, tiny_target
 
-from draftsmith.decoding.engine import generate
+from draftsmith.decoding.engine import Batch, DecodeStats, Seq, generate
 from draftsmith.decoding.sampling import SamplingParams
 from draftsmith.errors import UserError
 
@@ -30,8 +32,8 @@ def test_greedy_speculative_equals_plain(target, k):
         out = generate(target, OracleFactory(refs, noise=noise, seed=k), prompts, k=k, max_new_tokens=24)
         assert [r.token_ids for r in out] == [r.token_ids for r in ar]
         assert all(len(r.token_ids) == 24 and r.finish_reason == "length" for r in out)
-        if noise == 0.0 and k > 1:
-            assert out[0].stats.tau > 1.5  # whole drafts were accepted, not just the bonus token
+        if noise == 0.0 and k > 1:  # whole drafts were accepted, not just the bonus token
+            assert DecodeStats.combined(r.stats for r in out).tau > 1.5
 
 
 def test_rows_do_not_influence_each_other(target):
@@ -84,6 +86,91 @@ def test_streaming_reports_every_token_once():
         on_tokens=lambda row, ids: seen[row].extend(ids),
     )
     assert [seen[0], seen[1]] == [r.token_ids for r in ar]
+
+
+def test_each_result_carries_its_own_rows_stats():
+    t = tiny_target("llama")
+    prompts = random_prompts(2, seed=5)
+    ar, refs = _references(t, prompts, 16)
+    only_first = {tuple(prompts[0]): refs[tuple(prompts[0])]}  # the second row never drafts
+    out = generate(t, OracleFactory(only_first, noise=0.0, seed=1), prompts, k=4, max_new_tokens=16)
+    assert out[0].stats is not out[1].stats
+    assert out[0].stats.tau > 1.0 and out[0].stats.drafts > 0
+    assert out[1].stats.tau == 1.0 and out[1].stats.drafts == 0 and out[1].stats.steps == 15
+    batch = Batch(t, OracleFactory(only_first, noise=0.0, seed=1), k=4)
+    rows = batch.add([Seq(i, p, 16) for i, p in enumerate(prompts)])
+    while batch.rows:
+        batch.step()
+    total, whole = DecodeStats.combined(row.stats for row in rows), batch.stats
+    counts = ("steps", "decode_tokens", "drafts", "draft_tokens", "proposed", "accepted")
+    assert [getattr(total, c) for c in counts] == [getattr(whole, c) for c in counts]
+    assert [(r.stats.tau, r.stats.proposed) for r in rows] == [(r.stats.tau, r.stats.proposed) for r in out]
+
+
+def _timed(spent: dict, kind: str, nap: float, fn):
+    """fn, sleeping `nap` first; the call's whole duration is added to spent[kind]."""
+
+    def call(*args, **kw):
+        t = time.perf_counter()
+        time.sleep(nap)
+        try:
+            return fn(*args, **kw)
+        finally:
+            spent[kind] += time.perf_counter() - t
+
+    return call
+
+
+class _Napping:
+    """Wraps a drafter factory: every propose and commit of its drafters sleeps and is timed."""
+
+    name, needs_features = "napping", ()
+
+    def __init__(self, inner, nap: float, spent: dict):
+        self.inner, self.nap, self.spent = inner, nap, spent
+
+    def __call__(self, sampling=None, generator=None):
+        d = self.inner()
+        d.propose = _timed(self.spent, "drafter", self.nap, d.propose)
+        d.commit = _timed(self.spent, "drafter", self.nap, d.commit)
+        return d
+
+    def finish(self, prompt_ids, output_ids) -> None:
+        pass
+
+
+def test_step_time_lands_where_it_was_spent():
+    """The drafters' time in draft_s; the target's forwards in verify_s, the hybrid target's replay
+    after a partial acceptance included; stop callbacks (the commit loop) in other_s. The three add
+    up to the steps' time, decode_s (generate sets a batch's to the loop's wall time, no less)."""
+    t = tiny_target("qwen3_5")  # hybrid: a partial acceptance replays the accepted tokens
+    prompts = random_prompts(2, seed=3)
+    ar, refs = _references(t, prompts, 12)
+    spent = {"drafter": 0.0, "forward": 0.0, "stop": 0.0}
+    calls = {"forward": 0}
+
+    def forward(*args, **kw):
+        calls["forward"] += 1
+        return plain_forward(*args, **kw)
+
+    plain_forward = t.forward
+    t.forward = _timed(spent, "forward", 0.01, forward)
+    stop = _timed(spent, "stop", 0.02, lambda row, ids: False)
+    batch = Batch(t, _Napping(OracleFactory(refs, noise=0.5, seed=4), 0.002, spent), k=4, stop=stop)
+    rows = batch.add([Seq(i, p, 12) for i, p in enumerate(prompts)])
+    spent.update(drafter=0.0, forward=0.0, stop=0.0)  # the decode steps only
+    calls["forward"] = steps = 0
+    while batch.rows:
+        batch.step()
+        steps += 1
+    assert [r.output for r in rows] == [r.token_ids for r in ar]
+    assert calls["forward"] > steps  # some steps replayed
+    s = batch.stats
+    assert s.draft_s >= spent["drafter"] and s.verify_s >= spent["forward"] and s.other_s >= spent["stop"]
+    assert s.draft_s < spent["drafter"] + spent["stop"] / 2  # the stop callbacks' time is not here
+    for st in (s, *(row.stats for row in rows)):
+        assert st.draft_s + st.verify_s + st.other_s == pytest.approx(st.decode_s)
+        assert st.prefill_s == s.prefill_s > 0
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from draftsmith.decoding.engine import generate
+from draftsmith.decoding.engine import DecodeStats, generate
 from draftsmith.drafters import registry
 from draftsmith.target.chat import encode_messages
 
@@ -55,10 +55,12 @@ def plain(smollm2, prompt_ids):
 @pytest.mark.parametrize("spec,k", [("ngram", 3), ("ngram", 8), ("suffix", 4), ("suffix", 12)])
 def test_drafters_equal_plain_greedy(smollm2, prompt_ids, plain, spec, k):
     factory = registry.build(spec)
+    stats = DecodeStats()
     for ids, ref in zip(prompt_ids, plain, strict=True):
         res = generate(smollm2, factory, [ids], k=k, max_new_tokens=64)[0]
         assert res.token_ids == ref
-        assert res.stats.tau >= 1.0
+        stats.merge(res.stats)
+    assert stats.tau > 1.0  # the answers repeat themselves: some drafts are accepted (tau 1.15 measured)
 
 
 def _test_id(spec: str, k: int) -> str:

@@ -13,8 +13,8 @@ import pytest
 import torch
 from tiny import VOCAB, random_prompts, save_draft_lm, tiny_model, tiny_target
 
-from draftsmith.decoding.engine import generate
-from draftsmith.decoding.sampling import SamplingParams, target_probs
+from draftsmith.decoding.engine import Batch, DecodeStats, Seq, generate
+from draftsmith.decoding.sampling import SamplingParams, draft_stream, make_generator, target_probs
 from draftsmith.drafters import draft_lm, registry
 from draftsmith.drafters.draft_lm import DraftLMFactory
 from draftsmith.errors import UserError
@@ -53,7 +53,7 @@ def test_greedy_with_draft_model_equals_plain(small, k, monkeypatch):
     ar = generate(t, None, prompts, max_new_tokens=20)
     out = generate(t, registry.build(f"draft:{small}"), prompts, k=k, max_new_tokens=20)
     assert [r.token_ids for r in out] == [r.token_ids for r in ar]
-    stats = out[0].stats
+    stats = DecodeStats.combined(r.stats for r in out)
     assert 0 < sum(stats.accepted) < sum(stats.proposed)  # rollbacks happened
 
 
@@ -66,7 +66,7 @@ def test_target_as_its_own_draft_accepts_every_token(itself, k):
     ar = generate(t, None, prompts, max_new_tokens=new)
     out = generate(t, registry.build(f"draft:{itself}"), prompts, k=k, max_new_tokens=new)
     assert [r.token_ids for r in out] == [r.token_ids for r in ar]
-    stats = out[0].stats
+    stats = DecodeStats.combined(r.stats for r in out)
     assert stats.accepted == stats.proposed
     assert stats.steps == len(prompts) * math.ceil((new - 1) / (k + 1))
 
@@ -100,7 +100,7 @@ def test_k_option_caps_the_draft(small):
     f = registry.build(f"draft:{small}:k=2")
     assert isinstance(f, DraftLMFactory) and f.max_k == 2 and f.path == small
     out = generate(t, f, _prompts(), k=5, max_new_tokens=12)
-    assert len(out[0].stats.proposed) == 2
+    assert len(DecodeStats.combined(r.stats for r in out).proposed) == 2
     with pytest.raises(UserError, match="must be a positive"):
         registry.build(f"draft:{small}:k=-1")
     with pytest.raises(UserError, match="needs a model"):
@@ -131,8 +131,33 @@ def test_sampling_with_draft_model_keeps_target_law(tmp_path):
     for pos, want in wants.items():
         got = torch.bincount(torch.tensor([r.token_ids[pos] for r in out]), minlength=vocab).float() / rows
         assert 0.5 * float((got - want).abs().sum()) < 0.07, pos
-    stats = out[0].stats
+    stats = DecodeStats.combined(r.stats for r in out)
     assert 0 < sum(stats.accepted) < sum(stats.proposed)
+
+
+def test_each_row_drafts_with_its_own_sampling(small):
+    """A batch bound greedy, as the server's is: a row at temperature > 0 drafts by sampling at its
+    own temperature, from a stream tied to its generator, so a seeded row reproduces whatever its
+    neighbours; a greedy row drafts argmax beside it."""
+    t = tiny_target("llama", scale=SCALE)
+    prompts = _prompts()
+    hot = SamplingParams(temperature=0.8, seed=3)
+
+    def run(neighbours: int):
+        batch = Batch(t, registry.build(f"draft:{small}"), k=3)
+        seqs = [Seq(0, prompts[0], 12), Seq(1, prompts[1], 12, hot, make_generator(3, 0))]
+        seqs += [Seq(2 + j, prompts[2 + j], 12, hot) for j in range(neighbours)]
+        rows = batch.add(seqs)
+        drafters = [row.drafter for row in rows]
+        while batch.rows:
+            batch.step()
+        return rows, drafters
+
+    (a, da), (b, _) = run(0), run(2)
+    assert [(d.sampling, d.temperature) for d in da] == [(False, 1.0), (True, 0.8)]
+    assert da[1].gen.initial_seed() == draft_stream(make_generator(3, 0)).initial_seed()
+    assert a[1].stats.draft_tokens > 0 and a[1].output == b[1].output
+    assert a[0].output == generate(t, None, [prompts[0]], max_new_tokens=12)[0].token_ids
 
 
 def test_shared_embedding_folder_loads_and_drafts(tmp_path):
@@ -230,4 +255,4 @@ def test_greedy_with_suffix_plus_draft_equals_plain(small):
     for spec in (f"suffix:min_score=2+draft:{small}", f"draft:{small}+suffix"):
         out = generate(t, registry.build(spec), prompts, k=4, max_new_tokens=24)
         assert [r.token_ids for r in out] == [r.token_ids for r in ar], spec
-        assert out[0].stats.draft_tokens > 0
+        assert DecodeStats.combined(r.stats for r in out).draft_tokens > 0

@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from tiny import CONFIGS, VOCAB, random_prompts, tiny_model, tiny_target
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from draftsmith.decoding.engine import generate
+from draftsmith.decoding.engine import DecodeStats, generate
 from draftsmith.decoding.sampling import SamplingParams, target_probs
 from draftsmith.drafters import registry
 from draftsmith.drafters.mtp import (
@@ -192,7 +192,7 @@ def test_greedy_with_mtp_equals_plain(which, request):
     ar = generate(t, None, prompts, max_new_tokens=12)
     out = generate(t, registry.build("mtp"), prompts, k=3, max_new_tokens=12)
     assert [r.token_ids for r in out] == [r.token_ids for r in ar]
-    assert sum(out[0].stats.proposed) > 0
+    assert sum(DecodeStats.combined(r.stats for r in out).proposed) > 0
 
 
 def test_hybrid_rollback_with_mixed_acceptance(tmp_path):
@@ -204,7 +204,7 @@ def test_hybrid_rollback_with_mixed_acceptance(tmp_path):
     ar = generate(t, None, prompts, max_new_tokens=24)
     out = generate(t, registry.build("mtp"), prompts, k=4, max_new_tokens=24)
     assert [r.token_ids for r in out] == [r.token_ids for r in ar]
-    stats = out[0].stats
+    stats = DecodeStats.combined(r.stats for r in out)
     assert 0 < sum(stats.accepted) < sum(stats.proposed)
 
 
@@ -229,7 +229,7 @@ def test_sampling_with_mtp_keeps_target_law(tmp_path):
     for pos, want in wants.items():
         got = torch.bincount(torch.tensor([r.token_ids[pos] for r in out]), minlength=vocab).float() / rows
         assert 0.5 * float((got - want).abs().sum()) < 0.07, pos
-    stats = out[0].stats
+    stats = DecodeStats.combined(r.stats for r in out)
     assert 0 < sum(stats.accepted) < sum(stats.proposed)
 
 

@@ -13,9 +13,12 @@ import pytest
 
 from draftsmith.cli import main
 from draftsmith.decoding.engine import generate
+from draftsmith.decoding.sampling import draft_stream, make_generator
+from draftsmith.drafters.ngram import NgramFactory
+from draftsmith.serve.app import create_app
 from draftsmith.target.chat import encode_messages
 
-from .live import MODEL
+from .live import MODEL, live
 
 
 def solo(target, ids: list[int], max_tokens: int) -> tuple[str, str, list[int]]:
@@ -114,6 +117,32 @@ def test_seeded_sampling_reproduces(client):
     a = client.completions.create(**kw, seed=7).choices[0].text
     b = client.completions.create(**kw, seed=7).choices[0].text
     assert a == b
+
+
+class _Recording(NgramFactory):
+    """Prompt lookup that records the settings each request's drafter is made with."""
+
+    def __init__(self):
+        super().__init__()
+        self.made = []
+
+    def __call__(self, sampling=None, generator=None):
+        self.made.append((sampling, generator))
+        return super().__call__(sampling, generator)
+
+
+def test_each_request_drafts_with_its_own_sampling(serve_target):
+    """The server's batch is bound greedy; a request at temperature > 0 still reaches its drafter
+    with its own settings and a draft stream tied to its seed (EAGLE-3, MTP and draft LMs sample)."""
+    factory = _Recording()
+    with live(create_app(serve_target, factory, model_name=MODEL, k=4)) as url:
+        client = openai.OpenAI(base_url=url, api_key="EMPTY", max_retries=0, timeout=60)
+        kw = dict(model=MODEL, prompt="abc", max_tokens=4)
+        client.completions.create(**kw, temperature=0.7, top_p=0.9, seed=5)
+        client.completions.create(**kw, temperature=0)
+    (hot, stream), (cold, none) = factory.made
+    assert (hot.temperature, hot.top_p, hot.seed) == (0.7, 0.9, 5) and cold.greedy and none is None
+    assert stream.initial_seed() == draft_stream(make_generator(5, 0)).initial_seed()
 
 
 def test_sixteen_concurrent_streams_each_equal_their_solo_run(served, serve_target):

@@ -142,7 +142,7 @@ def test_overfit_loss_decreases_and_engine_tau(sharp_target, files, tmp_path):
     first, last = m[0]["loss"], sum(r["loss"] for r in m[-3:]) / 3
     assert last < 0.6 * first, (first, last)
     assert m[-1]["acc"][0] > m[0]["acc"][0]
-    assert m[-1]["tau"] >= 1.0
+    assert m[-1]["tau"] > 2.0  # of at most 4 (k = 3): the overfit draft is accepted (3.67 measured)
     info = json.loads((out / "draftsmith.json").read_text())
     assert info["steps"] == 30 and info["tau"] == m[-1]["tau"] and info["draft_vocab_size"] > 0
     assert info["command"].startswith("draftsmith train eagle3 --target")

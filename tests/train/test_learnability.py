@@ -15,7 +15,7 @@ import pytest
 from learnable import make_cycle_target, write_prompts
 
 from draftsmith.cli import main as cli
-from draftsmith.decoding.engine import generate
+from draftsmith.decoding.engine import DecodeStats, generate
 from draftsmith.drafters import registry
 from draftsmith.target.chat import encode_messages
 from draftsmith.target.model import load_target
@@ -54,7 +54,7 @@ def _tau(files: dict, spec: str) -> float:
         encode_messages(target.tokenizer, r["messages"][:1]) for r in load_conversations(files["heldout"])
     ]
     results = generate(target, registry.build(spec), prompts, k=K, max_new_tokens=NEW_TOKENS)
-    return results[0].stats.tau
+    return DecodeStats.combined(r.stats for r in results).tau
 
 
 def _train(files: dict, method: str, out, *flags) -> None:
