@@ -66,7 +66,10 @@ def card(folder: Path, benches: list[Path], data_note: str) -> str:
     rec = json.loads((folder / "draftsmith.json").read_text())
     cfg = json.loads((folder / "config.json").read_text())
     train = rec.get("train", {})
-    method = {"eagle3": "EAGLE-3", "dflash": "DFlash", "mtp": "MTP"}.get(train.get("method"), "draft")
+    method = {"eagle3": "EAGLE-3", "dflash": "DFlash", "mtp": "MTP", "draft-lm": "draft LM"}.get(
+        train.get("method"), "draft"
+    )
+    spec = {"draft-lm": "draft"}.get(train.get("method"), train.get("method"))  # the drafter's registry name
     if train.get("method") == "mtp":
         arch = "one MTP layer (`mtp.*` tensors, Qwen3.5 layout) beside the target's config"
     else:
@@ -84,14 +87,14 @@ def card(folder: Path, benches: list[Path], data_note: str) -> str:
         "",
         f"{_article(method)} {method} speculator for "
         f"`{rec.get('target')}`, trained by draftsmith. Use it with "
-        f"`draftsmith bench --drafters {train.get('method')}:{folder}` or `draftsmith serve --drafter {train.get('method')}:{folder}`.",
+        f"`draftsmith bench --drafters {spec}:{folder}` or `draftsmith serve --drafter {spec}:{folder}`.",
         "",
         "## Model",
         f"- files: {_size_mb(folder):.1f} MB (config.json, weights, draftsmith.json)",
         f"- architecture: {arch}",
     ]
-    for key in ("draft_vocab_size", "feature_layers", "block_size", "init", "ttt_steps"):
-        if rec.get(key) is not None:
+    for key in ("draft_vocab_size", "feature_layers", "block_size", "init", "ttt_steps", "init_layers"):
+        if rec.get(key) is not None and not (key == "feature_layers" and spec == "draft"):
             value = rec[key]
             if key == "init" and os.path.isabs(str(value)):
                 value = os.path.relpath(value)

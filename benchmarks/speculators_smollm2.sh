@@ -5,7 +5,8 @@
 # run whose match_rate must be 1.0 for every method. Results land in benchmarks/results/.
 # MTP runs at k=3 (`@3`): each of its draft steps is a target-sized layer plus the target's 49k-row
 # LM head, about a quarter of a SmolLM2 forward, so long chains cost more than they return.
-# `bash benchmarks/speculators_smollm2.sh t0` (or t1, fp32, eagle3, eagle3-t1, learned, learned-t1; several in a row) runs those parts;
+# `bash benchmarks/speculators_smollm2.sh t0` (or t1, fp32, eagle3, eagle3-t1, learned, learned-t1, draftlm,
+# draftlm-t1; several in a row) runs those parts;
 # WORKLOADS="code chat" limits the eagle3 parts to those workloads.
 # min_prob=0.2 cuts EAGLE-3 chains where the draft is unsure (best of 0.2/0.4/0.6 on 5 code prompts).
 # The hybrid drafts with suffix decoding where its expected accepted length is at least 2, else EAGLE-3
@@ -25,6 +26,8 @@ tree16="eagle3-tree:${spec}/smollm2-135m-eagle3:topk=4:size=16"
 df="dflash:${spec}/smollm2-135m-dflash"
 mtp="mtp:${spec}/smollm2-135m-mtp@3"
 hybrid="suffix:min_score=2+${e3}:min_prob=0.2"
+draftlm="draft:${spec}/smollm2-135m-draftlm"
+draft_k=${DRAFT_K:-4}
 run() {  # name, extra bench args...
     local name=$1
     shift
@@ -73,10 +76,21 @@ for part in ${parts}; do
                 --drafters "ar,ngram,suffix,${e3},${df},suffix:min_score=2+${e3},suffix:min_score=2+${df}"
         done
         ;;
+    draftlm|draftlm-t1)
+        # Issue 26's table: the distilled draft LM (at its own k, DRAFT_K, default 4: each of its
+        # draft tokens costs five layers plus the 49k-row head) beside the training-free drafters and
+        # the learned speculators, its hybrid, and transformers' assistant_model with the same draft.
+        temp=(--temperature 0) t=t0
+        [[ ${part} == draftlm-t1 ]] && temp=(--temperature 1 --seed 0) t=t1
+        for w in ${workloads}; do
+            run "speculators-draftlm-${w}-${t}" --workload "${w}" "${temp[@]}" --peers hf-assisted \
+                --drafters "ar,ngram,suffix,${draftlm}@${draft_k},${e3},${df},suffix:min_score=2+${draftlm}:k=${draft_k}"
+        done
+        ;;
     fp32)
         run "speculators-code-fp32" --workload code --dtype float32 --num-prompts 5 \
             --drafters "ar,ngram,suffix,${e3},${tree},${df},${mtp}"
         ;;
-    *) echo "unknown part ${part}: use t0, t1, fp32, eagle3, eagle3-t1, learned or learned-t1" >&2; exit 2 ;;
+    *) echo "unknown part ${part}: use t0, t1, fp32, eagle3, eagle3-t1, learned, learned-t1, draftlm or draftlm-t1" >&2; exit 2 ;;
     esac
 done

@@ -714,6 +714,7 @@ class _DraftLM:
             "layers": cfg.num_hidden_layers,
             "hidden": cfg.hidden_size,
             "init_layers": self.cfg.init_layers,
+            "feature_layers": [],  # it reads token ids only (the target's logits come from its store)
         }
 
 
