@@ -245,6 +245,7 @@ def _train(cfg: TrainConfig, records: list[dict], fingerprint: dict, world: dist
     stop = min(total, cfg.max_steps) if cfg.max_steps else total
     save_every = cfg.eval_every if cfg.save_every is None else cfg.save_every
     k_eval = cfg.eval_k or cfg.positions
+    drafter = _DRAFTER.get(cfg.method, cfg.method)  # the registry name that loads the saved folder
     autocast = torch.autocast(world.device.type, dtype=torch.bfloat16, enabled=cfg.dtype == "bfloat16")
 
     # ---- resume: weights, optimizer, RNG, data position, metrics -------------------------------
@@ -292,7 +293,7 @@ def _train(cfg: TrainConfig, records: list[dict], fingerprint: dict, world: dist
             prompts,
             k_eval,
             cfg.eval_max_new_tokens,
-            drafter=_DRAFTER.get(cfg.method, cfg.method),
+            drafter=drafter,
         )
     eval_s = time.perf_counter() - t_eval
     period = 60.0 * cfg.eval_every_minutes if cfg.eval_every_minutes else None
@@ -365,7 +366,7 @@ def _train(cfg: TrainConfig, records: list[dict], fingerprint: dict, world: dist
                 prompts,
                 k_eval,
                 cfg.eval_max_new_tokens,
-                drafter=_DRAFTER.get(cfg.method, cfg.method),
+                drafter=drafter,
             )
         if heldout is not None and evaluate:
             rec |= heldout()
