@@ -41,6 +41,12 @@ def add_train_draft_lm_parser(subparsers) -> argparse.ArgumentParser:
         metavar="I,J,...",
         help="start from copies of these target layers (and its final norm) instead of fresh ones",
     )
+    p.add_argument(
+        "--init",
+        default="random",
+        help="random (default: fresh or copied layers, see above) or the folder of a trained draft LM to "
+        "continue from, with a new schedule (train longer than the first run planned, or on new traffic)",
+    )
     p.set_defaults(func=cmd_train_draft_lm)
     return p
 
@@ -54,6 +60,7 @@ def cmd_train_draft_lm(args: argparse.Namespace) -> int:
         layers=args.layers,
         hidden=args.hidden,
         init_layers=_layer_ids(args.init_from_target_layers),
+        init=args.init,
     )
     if cfg.eval_k is None:
         cfg.eval_k = 4

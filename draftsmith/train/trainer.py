@@ -206,7 +206,7 @@ def train(cfg: TrainConfig) -> dict:
         cfg.method, FINGERPRINT
     )
     fingerprint = {k: getattr(cfg, k) for k in keys} | {"data_sha256": _digest(cfg.data)}
-    if cfg.method in ("eagle3", "dflash") and cfg.init != "random":
+    if cfg.method in ("eagle3", "dflash", "draft-lm") and cfg.init != "random":
         cfg.init = str(Path(cfg.init).resolve())
         # Only when set, so checkpoints written before `--init` existed still resume.
         fingerprint["init"] = cfg.init
@@ -715,6 +715,7 @@ class _DraftLM:
             "layers": cfg.num_hidden_layers,
             "hidden": cfg.hidden_size,
             "init_layers": self.cfg.init_layers,
+            **({} if self.cfg.init == "random" else {"init": self.cfg.init}),
             "feature_layers": [],  # it reads token ids only (the target's logits come from its store)
         }
 
@@ -760,6 +761,8 @@ def _draft_lm(cfg: TrainConfig, target):
     """The student: a copy of the target's config at `layers` depth (and `hidden` width)."""
     from transformers import AutoModelForCausalLM
 
+    if cfg.init != "random":
+        return _draft_lm_init(cfg, target)
     config = copy.deepcopy(target.model.config)
     far = [i for i in cfg.init_layers or [] if i >= target.num_layers]
     if far:
@@ -793,6 +796,29 @@ def _draft_lm(cfg: TrainConfig, target):
                 lm.model.layers[j].load_state_dict(src.layers[i].state_dict())
             lm.model.norm.load_state_dict(src.norm.state_dict())
     return lm
+
+
+def _draft_lm_init(cfg: TrainConfig, target):
+    """A trained draft LM to continue from (`--init FOLDER`): its architecture, its weights."""
+    from transformers import AutoModelForCausalLM
+
+    folder = Path(cfg.init)
+    if not (folder / "config.json").is_file():
+        raise UserError(f"--init {cfg.init}: no draft LM there (config.json missing); give a draft-lm folder")
+    if cfg.init_layers:
+        raise UserError("--init and --init-from-target-layers both choose the start: give one of them")
+    if draft_lm_format.shares_target_embedding(folder):
+        lm = draft_lm_format.load_shared(folder, target.model, torch.float32)
+        lm.get_input_embeddings().weight.requires_grad_(False)
+        lm.get_output_embeddings().weight.requires_grad_(False)
+    else:
+        lm = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        if lm.config.vocab_size != target.model.config.vocab_size:
+            raise UserError(
+                f"--init {cfg.init}: its vocabulary ({lm.config.vocab_size}) is not the target's "
+                f"({target.model.config.vocab_size}); give a draft LM trained for this target"
+            )
+    return lm.train()
 
 
 def _open_store(cfg: TrainConfig, examples, layers: list[int]):

@@ -149,6 +149,20 @@ def test_resume_continues_the_loss_curve_exactly(sharp_target, files, tmp_path):
     assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
 
 
+def test_init_continues_from_a_trained_draft(mixing_target, files, tmp_path):  # noqa: F811
+    common = ["--epochs", 8, "--batch-tokens", 400, "--lr", 3e-3, "--eval-prompts", 0]
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert main(_args(mixing_target, files, first, "--layers", 1, *common)) == 0
+    assert main(_args(mixing_target, files, second, "--init", first, *common)) == 0
+    info = json.loads((second / "draftsmith.json").read_text())
+    assert info["layers"] == 1 and info["init"] == str(first.resolve())
+    # The second run starts where the first ended: its first loss is the first run's latest level,
+    # far below a fresh draft's first loss.
+    m1, m2 = _metrics(first), _metrics(second)
+    assert m2[0]["loss"] < 0.8 * m1[0]["loss"], (m1[0]["loss"], m2[0]["loss"])
+    assert [r["lr"] for r in m2] == [r["lr"] for r in m1]  # a new schedule of its own
+
+
 def test_offline_features_train_like_online(sharp_target, files, tmp_path):  # noqa: F811
     from draftsmith.cli import main as cli_main
 
@@ -191,4 +205,5 @@ def test_user_errors(sharp_target, files, tmp_path, capsys):  # noqa: F811
         _args(sharp_target, files, out, "--init-from-target-layers", "0", "--hidden", 16)
     )
     assert "--layers 0" in error(_args(sharp_target, files, out, "--layers", 0))
+    assert "config.json missing" in error(_args(sharp_target, files, out, "--init", tmp_path, *common))
     assert not out.exists()  # nothing written by a refused run
