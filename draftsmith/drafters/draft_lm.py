@@ -26,6 +26,15 @@ forwards per drafted position.
 `draft:PATH:k=N` drafts at most N tokens even when the engine asks for more (in a hybrid, the other
 side keeps the engine's k). Different tokenizers are refused: universal assisted decoding
 (transformers' `assistant_tokenizer`) is not implemented.
+
+Two options make a draft step cheaper, both exact:
+- `vocab=N` keeps the N rows of the draft's LM head for the tokens most frequent in its training
+  data (the ranking `draftsmith train draft-lm` saves, `vocab_order.safetensors`). On a small draft
+  the head is most of what a step reads; drafts then come from those N tokens only, and q is zero
+  elsewhere, which verification handles like any other q.
+- `min_prob=P` ends the chain at the first position where the draft's top probability is below P,
+  before drafting it: the cut looks at q alone, never at the sampled token, so each drafted token is
+  still x ~ q.
 """
 
 from __future__ import annotations
@@ -38,9 +47,14 @@ import torch.nn.functional as F
 
 from draftsmith.decoding.sampling import SamplingParams, draft_generator
 from draftsmith.drafters.base import Draft
-from draftsmith.drafters.registry import register, split_path_options
+from draftsmith.drafters.registry import check_probability, register, split_path_options
 from draftsmith.errors import UserError
-from draftsmith.formats.draft_lm_format import load_shared, shares_target_embedding
+from draftsmith.formats.draft_lm_format import (
+    VOCAB_ORDER,
+    load_shared,
+    load_vocab_order,
+    shares_target_embedding,
+)
 from draftsmith.target.model import Target
 
 SPARE = 256  # positions a request's cache holds beyond what it needs when (re)allocated
@@ -96,6 +110,11 @@ class DraftLMDrafter:
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
         for i in range(k):
+            if (
+                self.f.min_prob
+                and float(torch.softmax(logits.float() / self.temperature, -1).max()) < self.f.min_prob
+            ):
+                break
             token, q = self._pick(logits)
             tokens.append(token)
             if q is not None:
@@ -118,14 +137,20 @@ class DraftLMDrafter:
 
     def _pick(self, logits: torch.Tensor) -> tuple[int, torch.Tensor | None]:
         """The drafted token and, when sampling, q [target vocab] it was drawn from."""
-        v = self.f.vocab_size
-        logits = logits[:v]  # padding rows of a larger head are not tokens of the target
+        v, rows = self.f.vocab_size, self.f.head_rows
+        if rows is None:
+            logits = logits[:v]  # padding rows of a larger head are not tokens of the target
         if not self.sampling:
-            return int(logits.argmax()), None
+            j = int(logits.argmax())
+            return (j if rows is None else int(rows[j])), None
         q = torch.softmax(logits.float().cpu() / self.temperature, -1)
         # Exact speculative sampling needs x ~ q, so sample rather than take the argmax.
-        token = int(torch.multinomial(q, 1, generator=self.gen))
-        return token, F.pad(q, (0, v - q.shape[0]))
+        j = int(torch.multinomial(q, 1, generator=self.gen))
+        if rows is None:
+            return j, F.pad(q, (0, v - q.shape[0]))
+        full = torch.zeros(v)
+        full[rows] = q
+        return int(rows[j]), full
 
 
 class DraftLMFactory:
@@ -134,9 +159,12 @@ class DraftLMFactory:
     name = "draft"
     needs_features: tuple[int, ...] = ()
 
-    def __init__(self, path: str, max_k: int = 0) -> None:
+    def __init__(self, path: str, max_k: int = 0, vocab: int = 0, min_prob: float = 0.0) -> None:
         self.path = path
         self.max_k = max_k  # 0: draft as many tokens as the engine asks for
+        self.vocab = vocab  # 0: the whole head; else its rows for the `vocab` most frequent tokens
+        self.min_prob = min_prob  # chains end where the draft's top probability falls below it
+        self.head_rows: torch.Tensor | None = None  # target ids of the kept head rows (vocab > 0)
         self.lm: Target | None = None
         self.vocab_size = 0  # the target's (head rows), the width of q
         self.embed_rows = 0  # the draft's input embedding rows
@@ -159,6 +187,9 @@ class DraftLMFactory:
                     f"draft model {self.path} has linear-attention layers, whose state a rejected draft "
                     "cannot roll back: use a draft model with attention layers only"
                 )
+            if self.vocab:
+                self.head_rows = _head_rows(self.path, self.vocab, target.vocab_size)
+                lm.restrict_head(self.head_rows)
             self.lm = lm
             self.vocab_size = target.vocab_size
             self.embed_rows = lm.model.get_input_embeddings().weight.shape[0]
@@ -174,6 +205,18 @@ class DraftLMFactory:
 
     def finish(self, prompt_ids: list[int], output_ids: list[int]) -> None:
         pass
+
+
+def _head_rows(path: str, n: int, vocab_size: int) -> torch.Tensor:
+    """The target ids of the `n` most frequent tokens, from the folder's saved ranking."""
+    order = load_vocab_order(path)
+    if order is None:
+        raise UserError(
+            f"draft:{path}:vocab={n}: the folder has no {VOCAB_ORDER} (the token ranking "
+            "`draftsmith train draft-lm` saves): drop vocab= to draft over the whole vocabulary"
+        )
+    order = order[order < vocab_size]
+    return order[:n].clone()
 
 
 def load_draft_lm(path: str, target: Target) -> Target:
@@ -234,12 +277,21 @@ def check_vocabulary(draft: Target, target: Target, spec: str) -> None:
 
 @register("draft")
 def build(arg: str | None) -> DraftLMFactory:
-    """`draft:PATH[:k=N]`: a draft model at PATH drafting at most N tokens a step (0: the engine's k)."""
+    """`draft:PATH[:k=N][:vocab=V][:min_prob=P]`: a draft model at PATH drafting at most N tokens a
+    step (0: the engine's k), over its V most frequent tokens (0: all), cut below probability P."""
     if not arg:
         raise UserError(
-            "draft needs a model: use draft:PATH[:k=N] with PATH a draft-LM folder or a target spec"
+            "draft needs a model: use draft:PATH[:k=N][:vocab=V][:min_prob=P] with PATH a draft-LM "
+            "folder or a target spec"
         )
-    path, o = split_path_options(arg, {"k": 0})
+    path, o = split_path_options(arg, {"k": 0, "vocab": 0, "min_prob": 0.0})
     if o["k"] < 0:
         raise UserError(f"draft option k={o['k']} must be a positive draft length (or 0 for the engine's k)")
-    return DraftLMFactory(path, max_k=int(o["k"]))
+    if o["vocab"] < 0:
+        raise UserError(f"draft option vocab={o['vocab']} must be a positive token count (or 0 for all)")
+    return DraftLMFactory(
+        path,
+        max_k=int(o["k"]),
+        vocab=int(o["vocab"]),
+        min_prob=check_probability("min_prob", o["min_prob"]),
+    )

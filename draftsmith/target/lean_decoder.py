@@ -114,6 +114,7 @@ class LeanDecoder:
             self.mode = "int8"
         else:
             self.mode = "packed" if can_pack(dtype, head.device) else "plain"
+        self.model_head = head
         self.head = self._weight(head)
         self.layers = [self._layer(layer) for layer in base.layers]
         self.layer_fn = _layer
@@ -177,6 +178,10 @@ class LeanDecoder:
             if i in keep_layers:
                 kept[i] = x
         return _rms(x, self.norm, self.shape.eps), kept
+
+    def restrict_head(self, rows: torch.Tensor) -> None:
+        """Logits for these token ids only (see `Target.restrict_head`)."""
+        self.head = self._weight(self.model_head[rows].contiguous())
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return _linear(hidden, self.head, None, self.mode).float()

@@ -102,20 +102,32 @@ def draft_vocab(
     With n >= V this is the identity (the full vocabulary, in id order).
 
     >>> ex = [Example([5, 5, 2, 7], [1, 1, 1, 0])]
-    >>> draft_vocab(ex, 2, 8).tolist(), draft_vocab(ex, 2, 8, prefer=torch.tensor([6])).tolist()
-    ([2, 5], [5, 6])
+    >>> draft_vocab(ex, 3, 8).tolist(), draft_vocab(ex, 3, 8, prefer=torch.tensor([6])).tolist()
+    ([0, 2, 5], [2, 5, 6])
     """
     if n >= vocab_size:
         return torch.arange(vocab_size)
+    order = token_ranking(examples, vocab_size, prefer)
+    return order[:n].sort().values  # draft ids in target-id order (any order is valid; this reads well)
+
+
+def token_ranking(
+    examples: list[Example], vocab_size: int, prefer: torch.Tensor | None = None
+) -> torch.Tensor:
+    """[V] every target id, the most frequent among assistant tokens first; ties broken by `prefer`,
+    then by token id.
+
+    >>> token_ranking([Example([5, 5, 2, 7], [1, 1, 1, 0])], 6).tolist()
+    [5, 2, 0, 1, 3, 4]
+    """
     counts = torch.zeros(vocab_size, dtype=torch.long)
     for ex in examples:
         ids = torch.tensor(ex.input_ids)[torch.tensor(ex.loss_mask, dtype=torch.bool)]
-        counts += torch.bincount(ids, minlength=vocab_size)
+        counts += torch.bincount(ids, minlength=vocab_size)[:vocab_size]
     key = counts * 2
     if prefer is not None:
         key[prefer] += 1  # a tie-break only: one count outweighs it
-    order = torch.sort(-key, stable=True).indices  # stable: equal keys stay in id order
-    return order[:n].sort().values  # draft ids in target-id order (any order is valid; this reads well)
+    return torch.sort(-key, stable=True).indices  # stable: equal keys stay in id order
 
 
 # ---------------------------------------------------------------- global batches

@@ -57,7 +57,15 @@ from draftsmith.formats import draft_lm_format
 from draftsmith.machine import auto_dtype
 from draftsmith.target.model import FINAL_HIDDEN, load_target, parse_device, parse_dtype
 from draftsmith.train import checkpoint, distributed
-from draftsmith.train.data import draft_vocab, load_conversations, pack, plan_batches, shard, tokenize_dataset
+from draftsmith.train.data import (
+    draft_vocab,
+    load_conversations,
+    pack,
+    plan_batches,
+    shard,
+    token_ranking,
+    tokenize_dataset,
+)
 from draftsmith.train.dflash_objective import anchor_seed, dflash_loss, sample_blocks
 from draftsmith.train.draft_lm_objective import counted as draft_lm_counted
 from draftsmith.train.draft_lm_objective import draft_lm_loss
@@ -683,6 +691,8 @@ class _DraftLM:
         self.layers = [FINAL_HIDDEN]  # what the store or the target pass yields: logits come from it
         self.model = DraftLMStudent(_draft_lm(cfg, target)).to(world.device, torch.float32).train()
         self.store = _open_store(cfg, examples, self.layers)
+        # Saved with the draft, so `draft:PATH:vocab=N` can keep the head rows of the N most frequent.
+        self.vocab_order = token_ranking(examples, target.vocab_size)
 
     def forward_backward(
         self, examples, ids: list[int], step: int, autocast, train: bool = True
@@ -707,7 +717,7 @@ class _DraftLM:
         return _parts(res, batch.num_tokens)
 
     def export(self, dtype: torch.dtype) -> DraftLMStudent:
-        return DraftLMStudent(self.model.lm, dtype)
+        return DraftLMStudent(self.model.lm, dtype, self.vocab_order)
 
     def info(self) -> dict:
         cfg = self.model.lm.config
@@ -724,10 +734,11 @@ class DraftLMStudent(torch.nn.Module):
     """The draft LM under training; `save` writes the folder `draft:PATH` loads (its layers and
     norm only when it shares the target's embedding, else the whole model) in `dtype`."""
 
-    def __init__(self, lm, dtype: torch.dtype | None = None) -> None:
+    def __init__(self, lm, dtype: torch.dtype | None = None, vocab_order: torch.Tensor | None = None) -> None:
         super().__init__()
         self.lm = lm
         self.dtype = dtype
+        self.vocab_order = vocab_order  # token ids by training-data frequency, saved beside the weights
 
     def _tied(self) -> bool:
         return self.lm.get_output_embeddings().weight is self.lm.get_input_embeddings().weight
@@ -755,6 +766,8 @@ class DraftLMStudent(torch.nn.Module):
             save_checkpoint_dir(path, state, config, extra | {"shares_target_embedding": False})
         else:
             draft_lm_format.save_shared(self.lm, path, extra, dtype)
+        if self.vocab_order is not None:
+            draft_lm_format.save_vocab_order(path, self.vocab_order)
 
 
 def _draft_lm(cfg: TrainConfig, target):

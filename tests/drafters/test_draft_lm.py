@@ -135,6 +135,72 @@ def test_sampling_with_draft_model_keeps_target_law(tmp_path):
     assert 0 < sum(stats.accepted) < sum(stats.proposed)
 
 
+def _ranked(path, seed: int, vocab: int = VOCAB) -> str:
+    """The draft folder with a token ranking saved beside it (a random one: any ranking is exact)."""
+    draft_lm_format.save_vocab_order(
+        path, torch.randperm(vocab, generator=torch.Generator().manual_seed(seed))
+    )
+    return str(path)
+
+
+@pytest.mark.parametrize("options", [":vocab=40", ":min_prob=0.045", ":vocab=40:min_prob=0.06"])
+def test_greedy_with_fewer_head_rows_or_a_confidence_cut_equals_plain(tmp_path, options):
+    t = tiny_target("llama", scale=SCALE)
+    path = _ranked(save_draft(tmp_path / "d"), seed=3)
+    prompts = _prompts()
+    ar = generate(t, None, prompts, max_new_tokens=20)
+    f = registry.build(f"draft:{path}{options}")
+    out = generate(t, f, prompts, k=4, max_new_tokens=20)
+    assert [r.token_ids for r in out] == [r.token_ids for r in ar]
+    stats = DecodeStats.combined(r.stats for r in out)
+    assert 0 < sum(stats.accepted) < sum(stats.proposed)
+    if "vocab" in options:
+        assert f.head_rows.tolist() == draft_lm_format.load_vocab_order(path)[:40].tolist()
+        assert f.lm.lean().head[0].shape[0] == 40 or f.lm.head.weight.shape[0] == 40
+    if "min_prob" in options:  # the cut drafts fewer tokens than the plain chain
+        same = options.split(":min_prob")[0]
+        uncut = generate(t, registry.build(f"draft:{path}{same}"), prompts, k=4, max_new_tokens=20)
+        assert stats.draft_tokens < DecodeStats.combined(r.stats for r in uncut).draft_tokens
+
+
+def test_sampling_with_fewer_head_rows_and_a_cut_keeps_target_law(tmp_path):
+    """As the test above it, with the draft's head cut to 6 of 10 tokens (q = 0 on the other 4) and
+    chains ended below probability 0.25: the output law must stay the target's."""
+    vocab, rows = 10, 1500
+    t = tiny_target("llama", seed=2, scale=SCALE, vocab=vocab)
+    path = _ranked(save_draft(tmp_path / "d", seed=2, vocab=vocab), seed=4, vocab=vocab)
+    sampling = SamplingParams(temperature=1.0, top_k=6, seed=12)
+    prompt = [1, 5, 7]
+    f = registry.build(f"draft:{path}:vocab=6:min_prob=0.25")
+    out = generate(t, f, [prompt] * rows, k=3, sampling=sampling, max_new_tokens=4)
+    with torch.no_grad():
+        p1 = target_probs(t.model(input_ids=torch.tensor([prompt])).logits[0, -1], sampling)
+        two = torch.tensor([prompt + [a] for a in range(vocab)])
+        p2 = target_probs(t.model(input_ids=two).logits[:, -1], sampling)
+        three = torch.tensor([prompt + [a, b] for a in range(vocab) for b in range(vocab)])
+        p3 = target_probs(t.model(input_ids=three).logits[:, -1], sampling)
+    joint12 = p1[:, None] * p2
+    wants = {1: joint12.sum(0), 2: joint12.reshape(-1) @ p3}
+    # Sampling error alone gives a total variation of about 0.03 here; a wrong rule gives more.
+    for pos, want in wants.items():
+        got = torch.bincount(torch.tensor([r.token_ids[pos] for r in out]), minlength=vocab).float() / rows
+        assert 0.5 * float((got - want).abs().sum()) < 0.07, pos
+    stats = DecodeStats.combined(r.stats for r in out)
+    assert 0 < sum(stats.accepted) < sum(stats.proposed)
+    kept = set(f.head_rows.tolist())
+    assert len(kept) == 6
+
+
+def test_vocab_option_needs_a_ranking(small):
+    t = tiny_target("llama", scale=SCALE)
+    with pytest.raises(UserError, match="vocab_order.safetensors"):
+        registry.build(f"draft:{small}:vocab=8").bind(t, SamplingParams())
+    with pytest.raises(UserError, match="positive token count"):
+        registry.build(f"draft:{small}:vocab=-1")
+    with pytest.raises(UserError, match="between 0 and 1"):
+        registry.build(f"draft:{small}:min_prob=2")
+
+
 def test_each_row_drafts_with_its_own_sampling(small):
     """A batch bound greedy, as the server's is: a row at temperature > 0 drafts by sampling at its
     own temperature, from a stream tied to its generator, so a seeded row reproduces whatever its

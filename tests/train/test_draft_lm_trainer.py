@@ -18,7 +18,12 @@ from transformers import LlamaForCausalLM
 from draftsmith.data.tokenize import Example
 from draftsmith.decoding.engine import DecodeStats, generate
 from draftsmith.drafters import registry
-from draftsmith.formats.draft_lm_format import build_shared, load_shared, shares_target_embedding
+from draftsmith.formats.draft_lm_format import (
+    build_shared,
+    load_shared,
+    load_vocab_order,
+    shares_target_embedding,
+)
 from draftsmith.target.model import load_target
 from draftsmith.train import checkpoint
 from draftsmith.train.data import pack
@@ -107,6 +112,10 @@ def test_overfit_saves_layers_only_and_reloads(mixing_target, files, tmp_path): 
     assert "model.embed_tokens.weight" not in keys and "lm_head.weight" not in keys
     assert "model.norm.weight" in keys and "model.layers.0.self_attn.q_proj.weight" in keys
     assert json.loads((out / "config.json").read_text())["num_hidden_layers"] == 1
+    # The token ranking for `draft:PATH:vocab=N`: every id once, frequent assistant tokens first.
+    order = load_vocab_order(out)
+    assert sorted(order.tolist()) == list(range(int(order.numel()))) and order.numel() >= 64
+    assert order.tolist() != sorted(order.tolist())  # ranked by the data, not left in id order
     # Reloaded onto the target's embedding and head, it computes what training left.
     target = load_target(mixing_target, "float32")
     draft = load_shared(out, target.model, torch.float32)
