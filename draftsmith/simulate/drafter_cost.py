@@ -1,6 +1,7 @@
 """What drafting costs on the device, from the drafter's type and size.
 
-- n-gram / suffix: look-ups on the host, no device time.
+- n-gram / suffix: look-ups on the host, no device time, but host time per request that the GPU
+  waits for (the next draft needs the tokens this step accepted): `Hardware.host_draft_per_row_s`.
 - autoregressive (EAGLE-3, MTP): k forwards of a small network, one token per row each.
 - block (DFlash): one forward of a small network over the whole block of k+1 positions per row.
 - a speculator folder: its `config.json` says which kind, and its safetensors headers give its real
@@ -12,7 +13,8 @@ vocabulary (the whole vocabulary when it is smaller than 64k); MTP is one full d
 target (MoE when the target is) with a 2H -> H fusion and the target's LM head; DFlash is five
 Qwen3-style layers of the target's width over the target's LM head, conditioned through a
 5H -> H fusion. What it does not model: tree drafts (a tree of m nodes verifies m tokens; pass
-`--k m-1` as an approximation), host time of n-gram look-ups.
+`--k m-1` as an approximation), a host look-up whose time grows with the context or the match
+length (one constant per request stands for it).
 """
 
 from __future__ import annotations
@@ -57,12 +59,17 @@ class DrafterCost:
         ep: bool = False,
         expert_dtype: str | None = None,
     ) -> float:
-        """Device seconds to draft k tokens for each of `batch` rows.
+        """Seconds the target waits for k draft tokens for each of `batch` rows.
 
         Each draft forward pays the draft network's own roofline, its layers' fixed latencies and
         all-reduces at this batch, and the hardware's per-draft-forward cost (the engine replays the
-        k draft steps back to back, without the scheduling and sampling of a target step)."""
-        if self.kind in (NONE, HOST) or self.net is None or k <= 0:
+        k draft steps back to back, without the scheduling and sampling of a target step). A host
+        drafter pays its look-up once per row, serially (the engine loops over requests)."""
+        if self.kind == NONE or k <= 0:
+            return 0.0
+        if self.kind == HOST:
+            return hw.host_draft_per_row_s * batch
+        if self.net is None:
             return 0.0
         common = dict(
             batch=batch,

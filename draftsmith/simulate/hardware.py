@@ -8,10 +8,11 @@ serving engine that replays CUDA graphs (SGLang, vLLM, TensorRT-LLM): weight str
 60-85% of peak bandwidth, large GEMMs about 70% of peak.
 
 What a decode step costs beyond bytes and FLOPs is a set of fixed latencies, each a field below with
-the figure it came from (`FIXED_COST_SOURCES`): per forward (scheduling, sampling, graph launch),
-per decoder layer (a dozen small kernels even under a CUDA graph), per MoE layer (router, top-k,
-token permutation, grouped GEMMs), per all-reduce (a base plus a step per peer GPU) and per
-expert-parallel all-to-all (dispatch and combine). Small kernels do not reach peak bandwidth; the
+the figure it came from (the comments above `GPUS`): per forward (scheduling, sampling, graph
+launch), per decoder layer (a dozen small kernels even under a CUDA graph), per MoE layer (router,
+top-k, token permutation, grouped GEMMs), per all-reduce (a base plus a step per peer GPU), per
+expert-parallel all-to-all (dispatch and combine), and per request of a speculative step for a host
+drafter's look-up (the node's CPU, not its GPU, but a constant of the same serving stack). Small kernels do not reach peak bandwidth; the
 per-layer latency absorbs that too, which is why it is fitted per GPU generation rather than derived.
 
 `local` is this machine, measured by `draftsmith calibrate` and stored as JSON in the draftsmith
@@ -49,6 +50,7 @@ class Hardware:
     overhead_per_row_s: float = 0.0  # per forward and batch row: per-request engine work (Python engines)
     spec_step_overhead_s: float = 2e-4  # per speculative step: draft/verify hand-off, acceptance
     spec_overhead_per_row_s: float = 0.0  # per speculative step and request: proposer/sampler bookkeeping
+    host_draft_per_row_s: float = 0.0  # per speculative step and request: a host drafter's look-up (n-gram)
     link_bandwidth: float = 0.0  # bytes/s per GPU for all-reduce (0: no fast interconnect)
     allreduce_latency_s: float = 1e-5  # per all-reduce, whatever the GPU count
     allreduce_latency_per_peer_s: float = 0.0  # per all-reduce and peer GPU (N - 1 peers)
@@ -79,7 +81,17 @@ _NV = dict(
     allreduce_latency_s=8e-6,
     allreduce_latency_per_peer_s=1e-6,
     alltoall_latency_s=7.3e-5,
+    host_draft_per_row_s=5e-5,
 )
+# Host drafters (n-gram, suffix): the proposer for step t+1 needs the tokens step t accepted, so its
+# look-up runs between two GPU steps, serially, once per request. 50 us per request and step, set from
+# the host work of TensorRT-LLM's n-gram pool (tensorrt_llm/_torch/speculative/ngram.py, the Python
+# version its tech blog 7 measured: "runs on the host"): per request it copies the token list
+# (~1-2k ints through pybind, 15-30 us), re-inserts k * (v + k) pattern windows into a dict of
+# OrderedSets (20-30 windows at ~1.5-3 us each in CPython) and looks the last k tokens up: 50-100 us.
+# The low end is taken; not fitted to a published point (benchmarks/validate_simulator.py holds the
+# Llama-4-Scout n-gram points out). A GPU-side proposer (TensorRT-LLM's later CUDA suffix automaton,
+# vLLM's numba one when overlapped) costs less: pass a profile with 0 to model one.
 # Fits (benchmarks/validate_simulator.py, FIT_CONSTANTS; each value reproduces one published plain rate):
 # Blackwell 46 us per layer <- Qwen3-8B on B200, SGLang, 230.4 tok/s at concurrency 1; with it the
 #   Qwen3.5-122B-A10B node (TP 8) already runs below the founding document's ~250 tok/s, so the MoE

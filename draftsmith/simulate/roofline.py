@@ -33,8 +33,9 @@ between expert-parallel ranks, and kernel efficiency that varies with matrix siz
 achieved fractions and the per-layer latency). One consequence of uniform routing: once the plain
 step's B tokens already touch nearly every expert (B * k_e a few times E), verifying k+1 tokens per
 row reads no more expert bytes, so at fixed tau a large MoE's predicted speedup stops falling with
-concurrency and rises again; the published points checked in benchmarks/validate_simulator.py lie
-before that turn.
+concurrency and rises again. Llama-4-Scout (16 experts, top-1) reaches it by batch 32; there its
+published n-gram speedup still falls because each request's host look-up grows the step
+(`Hardware.host_draft_per_row_s`, paid by the drafter, not by this roofline).
 """
 
 from __future__ import annotations

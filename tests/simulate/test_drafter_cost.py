@@ -1,10 +1,11 @@
-"""Drafter cost from type and size: host drafters are free, autoregressive ones pay k passes,
-block drafters one pass over the block, and a speculator folder gives its real size."""
+"""Drafter cost from type and size: host drafters pay a look-up per request, autoregressive ones
+pay k passes, block drafters one pass over the block, and a speculator folder gives its real size."""
 
 from __future__ import annotations
 
 import json
 import struct
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,10 +21,21 @@ QWEN = load_model("qwen3-8b")
 KW = dict(batch=1, context=1024, dtype="bf16", tp=1)
 
 
-def test_host_drafters_cost_nothing() -> None:
+def test_host_drafters_cost_their_lookup_per_request() -> None:
     for name in ("ngram", "suffix"):
         d = drafter_cost(name, QWEN)
-        assert d.kind == HOST and d.time(H200, k=8, **KW) == 0.0
+        assert d.kind == HOST and d.net is None
+        one = d.time(H200, k=8, **KW)
+        assert one == pytest.approx(H200.host_draft_per_row_s) and one > 0
+        # one look-up per request, whatever k: the engine loops over requests on the host
+        assert d.time(H200, k=3, **{**KW, "batch": 32}) == pytest.approx(32 * one)
+        assert d.time(H200, k=0, **KW) == 0.0  # no drafting, no look-up
+        # a profile without the figure (an old `local` one, a GPU-side proposer) costs nothing
+        assert d.time(replace(H200, host_draft_per_row_s=0.0), k=8, **KW) == 0.0
+
+
+def test_no_drafter_costs_nothing() -> None:
+    assert drafter_cost("none", QWEN).time(H200, k=8, **KW) == 0.0
 
 
 def test_autoregressive_pays_k_passes() -> None:

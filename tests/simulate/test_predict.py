@@ -29,7 +29,26 @@ def test_per_request_and_aggregate() -> None:
     p = predict(QWEN, B200, drafter_cost("ngram", QWEN), from_alpha(0.6), batch=8, k=4, context=512)
     assert p.spec_tok_s == pytest.approx(p.tau / p.spec_step_s)
     assert p.baseline_tok_s == pytest.approx(1 / p.baseline_step_s)
-    assert p.spec["draft"] == 0.0 and p.spec_step_s > p.baseline_step_s  # verification is not free
+    # An n-gram draft costs no device time, only the host look-up of each of the 8 requests.
+    assert p.spec["draft"] == pytest.approx(8 * B200.host_draft_per_row_s)
+    assert p.spec_step_s - p.spec["draft"] > p.baseline_step_s  # verification is not free either
+
+
+def test_host_lookup_makes_ngram_speedup_fall_with_batch_on_a_saturated_moe() -> None:
+    # Llama-4-Scout (16 experts, top-1) on 8 B200s: past batch ~30 the plain step already reads every
+    # expert, so verifying 4 tokens per row adds almost no bytes and, without a per-request cost,
+    # the speedup at fixed tau would rise from batch 4 to 32. The host look-up per request turns it.
+    from dataclasses import replace
+
+    scout = load_model("llama-4-scout-17b-16e")
+    d, a = drafter_cost("ngram", scout), from_tau(1.66, 3)
+
+    def at(hw, batch):
+        return predict(scout, hw, d, a, batch=batch, k=3, context=1024, dtype="fp8", tp=8).speedup
+
+    free = replace(B200, host_draft_per_row_s=0.0)
+    assert at(free, 32) > at(free, 4)
+    assert at(B200, 32) < at(B200, 4) < at(B200, 1)
 
 
 def test_best_k_grows_with_acceptance() -> None:
