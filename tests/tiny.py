@@ -10,7 +10,7 @@ import random
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from draftsmith.drafters.base import Draft
+from draftsmith.drafters.base import Draft, FactoryBase
 from draftsmith.target.model import Target
 
 VOCAB = 96
@@ -86,7 +86,7 @@ def random_prompts(n: int, seed: int = 0, lo: int = 3, hi: int = 20) -> list[lis
     return [[rng.randrange(VOCAB) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
 
 
-class OracleFactory:
+class OracleFactory(FactoryBase):
     """Drafts from a known continuation, corrupting each token with probability `noise`.
 
     Exercises full acceptance, rejection at every position and variable draft lengths.
@@ -109,9 +109,6 @@ class OracleFactory:
 
     def __call__(self, sampling=None, generator=None):
         return _Oracle(self)
-
-    def finish(self, prompt_ids, output_ids) -> None:
-        pass
 
 
 class _Oracle:
@@ -136,7 +133,7 @@ class _Oracle:
         self.pos += len(accepted_ids)
 
 
-class SkewedFactory:
+class SkewedFactory(FactoryBase):
     """A sampling drafter with its own distribution q (a tempered, perturbed copy of uniform noise).
 
     It proposes tokens sampled from q and returns q, so verification must use min(1, p/q).
@@ -151,9 +148,6 @@ class SkewedFactory:
 
     def __call__(self, sampling=None, generator=None):
         return _Skewed(self)
-
-    def finish(self, prompt_ids, output_ids) -> None:
-        pass
 
 
 class _Skewed:
@@ -174,7 +168,7 @@ class _Skewed:
         pass
 
 
-class TreeOracleFactory:
+class TreeOracleFactory(FactoryBase):
     """Drafts a tree: along the known continuation, each level also carries `width - 1` wrong
     siblings, and with probability `noise` the right child is left out (so branches get rejected)."""
 
@@ -195,9 +189,6 @@ class TreeOracleFactory:
 
     def __call__(self, sampling=None, generator=None):
         return _TreeOracle(self)
-
-    def finish(self, prompt_ids, output_ids) -> None:
-        pass
 
 
 class _TreeOracle(_Oracle):

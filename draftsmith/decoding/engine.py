@@ -169,13 +169,13 @@ class Batch:
     ) -> None:
         if k <= 0:
             raise UserError(f"--k {k} must be a positive number of drafted tokens")
-        if factory is not None and hasattr(factory, "bind"):
+        if factory is not None:
             factory.bind(target, sampling or SamplingParams())
         self.target, self.factory, self.k = target, factory, k
         self.stop, self.on_tokens = stop, on_tokens
         self.feature_layers = tuple(factory.needs_features) if factory is not None else ()
         # Tree drafters may verify more nodes than k per step; they say how many at most.
-        self.widest = max(k, getattr(factory, "max_draft_tokens", 0))
+        self.widest = max(k, factory.max_draft_tokens if factory is not None else 0)
         self.cache = target.new_cache(0, 0)
         self.rows: list[Row] = []
         self.stats = DecodeStats()

@@ -72,9 +72,9 @@ class Drafter(Protocol):
 class DrafterFactory(Protocol):
     """Makes one drafter per request; holds whatever is shared across requests.
 
-    A factory that needs the target (its embedding, device, dtype, layer count) has
-    `bind(target, sampling)`, which the engine calls before the first request; `sampling` is the
-    default for drafters made without settings of their own.
+    The engine calls `bind(target, sampling)` before the first request: a factory that needs the
+    target (its embedding, device, dtype, layer count) loads its model there; `sampling` is the
+    default for drafters made without settings of their own. `FactoryBase` gives the defaults.
 
     `factory(sampling, generator)` makes the drafter of a request with these sampling settings:
     one that samples its drafts (EAGLE-3, MTP, draft LM) draws them from `generator`, a stream
@@ -84,7 +84,13 @@ class DrafterFactory(Protocol):
     """
 
     name: str
+    # Target layer ids the drafters read; a trained drafter knows them once `bind` loaded it.
     needs_features: tuple[int, ...]
+    # The most nodes a draft may hold beyond k (tree drafters); 0 for chains.
+    max_draft_tokens: int
+
+    def bind(self, target, sampling: SamplingParams) -> None:
+        """Attach to the target (load weights onto its device and dtype) before the first request."""
 
     def __call__(
         self, sampling: SamplingParams | None = None, generator: torch.Generator | None = None
@@ -92,3 +98,16 @@ class DrafterFactory(Protocol):
 
     def finish(self, prompt_ids: list[int], output_ids: list[int]) -> None:
         """A request ended; factories may learn from its output (e.g. a global suffix tree)."""
+
+
+class FactoryBase:
+    """The defaults of `DrafterFactory` for a factory that needs no target, drafts chains and
+    learns nothing across requests; a factory overrides what it does differently."""
+
+    max_draft_tokens = 0
+
+    def bind(self, target, sampling: SamplingParams) -> None:
+        """Nothing to load."""
+
+    def finish(self, prompt_ids: list[int], output_ids: list[int]) -> None:
+        """Nothing to learn."""

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from draftsmith.drafters.base import Draft
+from draftsmith.drafters.base import Draft, FactoryBase
 from draftsmith.drafters.dflash import DFlashModel, load_dflash
 from draftsmith.drafters.registry import check_probability, register, split_path_options
 from draftsmith.errors import UserError
@@ -118,7 +118,7 @@ class DFlashDrafter:
         return Draft(tokens=tokens[:keep].tolist())
 
 
-class DFlashFactory:
+class DFlashFactory(FactoryBase):
     """Loads the model once (bound to the target's embedding and LM head); one drafter per request."""
 
     name = "dflash"
@@ -153,9 +153,6 @@ class DFlashFactory:
         if self.model is None:
             raise RuntimeError("DFlashFactory.bind(target, sampling) must run before drafting")
         return DFlashDrafter(self)
-
-    def finish(self, prompt_ids: list[int], output_ids: list[int]) -> None:
-        pass
 
 
 @register("dflash")

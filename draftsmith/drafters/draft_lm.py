@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 
 from draftsmith.decoding.sampling import SamplingParams, draft_generator
-from draftsmith.drafters.base import Draft
+from draftsmith.drafters.base import Draft, FactoryBase
 from draftsmith.drafters.registry import check_probability, register, split_path_options
 from draftsmith.errors import UserError
 from draftsmith.formats.draft_lm_format import (
@@ -153,7 +153,7 @@ class DraftLMDrafter:
         return int(rows[j]), full
 
 
-class DraftLMFactory:
+class DraftLMFactory(FactoryBase):
     """Loads the draft model once (at `bind`, in the target's dtype and device); one drafter per request."""
 
     name = "draft"
@@ -202,9 +202,6 @@ class DraftLMFactory:
             raise RuntimeError("DraftLMFactory.bind(target, sampling) must run before drafting")
         s = sampling or self.sampling
         return DraftLMDrafter(self, s, generator or draft_generator(s.seed, next(self._requests)))
-
-    def finish(self, prompt_ids: list[int], output_ids: list[int]) -> None:
-        pass
 
 
 def _head_rows(path: str, n: int, vocab_size: int) -> torch.Tensor:

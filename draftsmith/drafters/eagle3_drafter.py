@@ -26,7 +26,7 @@ import itertools
 import torch
 
 from draftsmith.decoding.sampling import SamplingParams, draft_generator
-from draftsmith.drafters.base import Draft
+from draftsmith.drafters.base import Draft, FactoryBase
 from draftsmith.drafters.eagle3 import Eagle3Model, load_eagle3
 from draftsmith.drafters.registry import check_probability, register, split_path_options
 from draftsmith.errors import UserError
@@ -221,7 +221,7 @@ def _causal_mask(past: int, q: int, device) -> torch.Tensor:
     return (keys[None, :] <= rows[:, None])[None, None]
 
 
-class Eagle3Factory:
+class Eagle3Factory(FactoryBase):
     """Loads the model once; makes one drafter per request."""
 
     name = "eagle3"
@@ -264,9 +264,6 @@ class Eagle3Factory:
             raise RuntimeError("Eagle3Factory.bind(target, sampling) must run before drafting")
         s = sampling or self.sampling
         return Eagle3Drafter(self, s, generator or draft_generator(s.seed, next(self._requests)))
-
-    def finish(self, prompt_ids: list[int], output_ids: list[int]) -> None:
-        pass
 
 
 @register("eagle3")

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from draftsmith.drafters.base import Draft, Drafter, DrafterFactory
+from draftsmith.drafters.base import Draft, Drafter, DrafterFactory, FactoryBase
 from draftsmith.errors import UserError
 
 if TYPE_CHECKING:
@@ -55,7 +55,7 @@ class HybridDrafter:
         return draft if len(draft) else self.second.propose(k)
 
 
-class HybridFactory:
+class HybridFactory(FactoryBase):
     name = "hybrid"
 
     def __init__(self, first: DrafterFactory, second: DrafterFactory) -> None:
@@ -69,12 +69,11 @@ class HybridFactory:
 
     @property
     def max_draft_tokens(self) -> int:
-        return max(getattr(f, "max_draft_tokens", 0) for f in (self.first, self.second))
+        return max(f.max_draft_tokens for f in (self.first, self.second))
 
     def bind(self, target, sampling) -> None:
         for f in (self.first, self.second):
-            if hasattr(f, "bind"):
-                f.bind(target, sampling)
+            f.bind(target, sampling)
         if self.first.needs_features and self.second.needs_features:
             raise UserError(
                 f"{self.first.name}+{self.second.name}: only one side of A+B may read target features; "

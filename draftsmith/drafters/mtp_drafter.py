@@ -26,7 +26,7 @@ import itertools
 import torch
 
 from draftsmith.decoding.sampling import SamplingParams, draft_generator, target_probs
-from draftsmith.drafters.base import Draft
+from draftsmith.drafters.base import Draft, FactoryBase
 from draftsmith.drafters.mtp import MTPCache, MTPHead, load_head
 from draftsmith.drafters.registry import register
 from draftsmith.target.model import FINAL_HIDDEN
@@ -116,7 +116,7 @@ def _causal_mask(past: int, q: int, device) -> torch.Tensor | None:
     return (keys[None, :] <= rows[:, None])[None, None]
 
 
-class MTPFactory:
+class MTPFactory(FactoryBase):
     """Loads the head once (at bind, when the target is known); makes one drafter per request."""
 
     name = "mtp"
@@ -141,9 +141,6 @@ class MTPFactory:
             raise RuntimeError("MTPFactory.bind(target, sampling) must run before drafting")
         s = sampling or self.sampling
         return MTPDrafter(self, s, generator or draft_generator(s.seed, next(self._rows)))
-
-    def finish(self, prompt_ids: list[int], output_ids: list[int]) -> None:
-        pass
 
 
 @register("mtp")

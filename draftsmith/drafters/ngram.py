@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from draftsmith.drafters.base import Draft
+from draftsmith.drafters.base import Draft, FactoryBase
 from draftsmith.drafters.registry import parse_options, register
 from draftsmith.errors import UserError
 
@@ -76,7 +76,7 @@ class NgramDrafter:
 
 
 @dataclass
-class NgramFactory:
+class NgramFactory(FactoryBase):
     max_n: int = 3
     min_n: int = 1
     name: str = "ngram"
@@ -87,9 +87,6 @@ class NgramFactory:
     ) -> NgramDrafter:
         # Deterministic drafts (q one-hot) are exact at any temperature: the settings change nothing.
         return NgramDrafter(self.max_n, self.min_n)
-
-    def finish(self, prompt_ids: list[int], output_ids: list[int]) -> None:
-        """Prompt lookup learns nothing across requests."""
 
 
 @register("ngram")

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from draftsmith.drafters.base import Draft
+from draftsmith.drafters.base import Draft, FactoryBase
 from draftsmith.drafters.registry import parse_options, register
 from draftsmith.errors import UserError
 
@@ -294,7 +294,7 @@ class SuffixDrafter:
 
 
 @dataclass
-class SuffixFactory:
+class SuffixFactory(FactoryBase):
     max_depth: int = 64
     factor: float = 1.0
     min_prob: float = 0.1

@@ -9,6 +9,7 @@ from tiny import OracleFactory, SkewedFactory, random_prompts, tiny_target
 
 from draftsmith.decoding.engine import Batch, DecodeStats, Seq, generate
 from draftsmith.decoding.sampling import SamplingParams
+from draftsmith.drafters.base import FactoryBase
 from draftsmith.errors import UserError
 
 KINDS = ["llama", "qwen3", "qwen3_moe", "qwen3_5"]
@@ -121,7 +122,7 @@ def _timed(spent: dict, kind: str, nap: float, fn):
     return call
 
 
-class _Napping:
+class _Napping(FactoryBase):
     """Wraps a drafter factory: every propose and commit of its drafters sleeps and is timed."""
 
     name, needs_features = "napping", ()
@@ -134,9 +135,6 @@ class _Napping:
         d.propose = _timed(self.spent, "drafter", self.nap, d.propose)
         d.commit = _timed(self.spent, "drafter", self.nap, d.commit)
         return d
-
-    def finish(self, prompt_ids, output_ids) -> None:
-        pass
 
 
 def test_step_time_lands_where_it_was_spent():

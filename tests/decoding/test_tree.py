@@ -8,7 +8,7 @@ from tiny import OracleFactory, TreeOracleFactory, random_prompts, tiny_target
 from draftsmith.decoding.engine import DecodeStats, generate
 from draftsmith.decoding.sampling import SamplingParams
 from draftsmith.decoding.verify import verify_tree
-from draftsmith.drafters.base import node_depths
+from draftsmith.drafters.base import FactoryBase, node_depths
 from draftsmith.errors import UserError
 
 
@@ -55,16 +55,13 @@ def test_tree_and_chain_rows_in_one_batch():
     refs = {tuple(p): r.token_ids for p, r in zip(prompts, ar, strict=True)}
     tree, chain = TreeOracleFactory(refs, seed=1), OracleFactory(refs, noise=0.3, seed=1)
 
-    class Mixed:
+    class Mixed(FactoryBase):
         name, needs_features, max_draft_tokens = "mixed", (), 64
         n = 0
 
         def __call__(self, sampling=None, generator=None):
             self.n += 1
             return (tree if self.n % 2 else chain)()
-
-        def finish(self, *a):
-            pass
 
     out = generate(t, Mixed(), prompts, k=5, max_new_tokens=20)
     assert [r.token_ids for r in out] == [r.token_ids for r in ar]
