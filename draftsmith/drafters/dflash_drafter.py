@@ -29,7 +29,7 @@ import torch
 
 from draftsmith.drafters.base import Draft, FactoryBase
 from draftsmith.drafters.dflash import DFlashModel, load_dflash
-from draftsmith.drafters.registry import check_probability, register, split_path_options
+from draftsmith.drafters.options import check_probability, split_path_options
 from draftsmith.errors import UserError
 from draftsmith.target.packed import use_fast_linear
 
@@ -155,7 +155,6 @@ class DFlashFactory(FactoryBase):
         return DFlashDrafter(self)
 
 
-@register("dflash")
 def build(arg: str | None) -> DFlashFactory:
     """`dflash:PATH[:min_prob=0]`: one block per step, cut at the first slot below min_prob."""
     if not arg:

@@ -47,7 +47,7 @@ import torch.nn.functional as F
 
 from draftsmith.decoding.sampling import SamplingParams, draft_generator
 from draftsmith.drafters.base import Draft, FactoryBase
-from draftsmith.drafters.registry import check_probability, register, split_path_options
+from draftsmith.drafters.options import check_probability, split_path_options
 from draftsmith.errors import UserError
 from draftsmith.formats.draft_lm_format import (
     VOCAB_ORDER,
@@ -272,7 +272,6 @@ def check_vocabulary(draft: Target, target: Target, spec: str) -> None:
         )
 
 
-@register("draft")
 def build(arg: str | None) -> DraftLMFactory:
     """`draft:PATH[:k=N][:vocab=V][:min_prob=P]`: a draft model at PATH drafting at most N tokens a
     step (0: the engine's k), over its V most frequent tokens (0: all), cut below probability P."""

@@ -28,7 +28,7 @@ import torch
 from draftsmith.decoding.sampling import SamplingParams, draft_generator
 from draftsmith.drafters.base import Draft, FactoryBase
 from draftsmith.drafters.eagle3 import Eagle3Model, load_eagle3
-from draftsmith.drafters.registry import check_probability, register, split_path_options
+from draftsmith.drafters.options import check_probability, split_path_options
 from draftsmith.errors import UserError
 from draftsmith.target.packed import use_fast_linear
 
@@ -266,7 +266,6 @@ class Eagle3Factory(FactoryBase):
         return Eagle3Drafter(self, s, generator or draft_generator(s.seed, next(self._requests)))
 
 
-@register("eagle3")
 def build(arg: str | None) -> Eagle3Factory:
     """`eagle3:PATH[:min_prob=0]`: a chain of up to k tokens, cut at the first one below min_prob."""
     if not arg:
@@ -275,7 +274,6 @@ def build(arg: str | None) -> Eagle3Factory:
     return Eagle3Factory(path, min_prob=check_probability("min_prob", o["min_prob"]))
 
 
-@register("eagle3-tree")
 def build_tree(arg: str | None) -> Eagle3Factory:
     """`eagle3-tree:PATH[:topk=8][:size=60]`: EAGLE-2 dynamic trees of depth k."""
     if not arg:

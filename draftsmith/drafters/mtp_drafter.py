@@ -28,7 +28,6 @@ import torch
 from draftsmith.decoding.sampling import SamplingParams, draft_generator, target_probs
 from draftsmith.drafters.base import Draft, FactoryBase
 from draftsmith.drafters.mtp import MTPCache, MTPHead, load_head
-from draftsmith.drafters.registry import register
 from draftsmith.target.model import FINAL_HIDDEN
 from draftsmith.target.packed import use_fast_linear
 
@@ -143,7 +142,6 @@ class MTPFactory(FactoryBase):
         return MTPDrafter(self, s, generator or draft_generator(s.seed, next(self._rows)))
 
 
-@register("mtp")
 def build(arg: str | None) -> MTPFactory:
     """`mtp`: the target checkpoint's own head; `mtp:PATH`: a head saved in a folder."""
     return MTPFactory(arg or None)

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from draftsmith.drafters.base import Draft, FactoryBase
-from draftsmith.drafters.registry import parse_options, register
+from draftsmith.drafters.options import parse_options
 from draftsmith.errors import UserError
 
 if TYPE_CHECKING:
@@ -89,7 +89,6 @@ class NgramFactory(FactoryBase):
         return NgramDrafter(self.max_n, self.min_n)
 
 
-@register("ngram")
 def build(arg: str | None) -> NgramFactory:
     """`ngram` or `ngram:max_n=4:min_n=2`."""
     opts = parse_options(arg, DEFAULTS)

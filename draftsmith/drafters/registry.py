@@ -9,42 +9,35 @@ hybrid (`drafters/hybrid.py`).
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 
 from draftsmith.drafters.base import DrafterFactory
 from draftsmith.errors import UserError
 
 Builder = Callable[[str | None], DrafterFactory]
-_BUILDERS: dict[str, Builder] = {}
 
 AR = "ar"
+# name -> (module, builder function `(arg) -> DrafterFactory`); a module is imported only when a
+# spec names it, so `ngram` never loads torch models and the drafters never import this table.
+BUILDERS: dict[str, tuple[str, str]] = {
+    "dflash": ("draftsmith.drafters.dflash_drafter", "build"),
+    "draft": ("draftsmith.drafters.draft_lm", "build"),
+    "eagle3": ("draftsmith.drafters.eagle3_drafter", "build"),
+    "eagle3-tree": ("draftsmith.drafters.eagle3_drafter", "build_tree"),
+    "mtp": ("draftsmith.drafters.mtp_drafter", "build"),
+    "ngram": ("draftsmith.drafters.ngram", "build"),
+    "suffix": ("draftsmith.drafters.suffix", "build"),
+}
 
 
-def register(name: str) -> Callable[[Builder], Builder]:
-    """Decorator: `@register("ngram")` on a function `(arg) -> DrafterFactory`."""
-
-    def wrap(builder: Builder) -> Builder:
-        _BUILDERS[name] = builder
-        return builder
-
-    return wrap
-
-
-def _load_builtin() -> None:
-    # Importing the modules runs their @register decorators.
-    from draftsmith.drafters import (  # noqa: F401
-        dflash_drafter,
-        draft_lm,
-        eagle3_drafter,
-        mtp_drafter,
-        ngram,
-        suffix,
-    )
+def _builder(name: str) -> Builder:
+    module, function = BUILDERS[name]
+    return getattr(importlib.import_module(module), function)
 
 
 def available() -> list[str]:
-    _load_builtin()
-    return [AR, *sorted(_BUILDERS)]
+    return [AR, *sorted(BUILDERS)]
 
 
 def split_specs(specs: str) -> list[str]:
@@ -71,10 +64,9 @@ def build(spec: str) -> DrafterFactory | None:
     name = name.strip().lower()
     if name == AR:
         return None
-    _load_builtin()
-    if name not in _BUILDERS:
+    if name not in BUILDERS:
         raise UserError(f"unknown drafter '{name}': choose one of {', '.join(available())}")
-    return _BUILDERS[name](arg or None)
+    return _builder(name)(arg or None)
 
 
 def hybrid_sides(spec: str) -> list[str]:
@@ -87,42 +79,5 @@ def hybrid_sides(spec: str) -> list[str]:
 
 def _names_drafter(spec: str) -> bool:
     """Whether a spec starts with a drafter's name (so a '+' inside a checkpoint path is left alone)."""
-    _load_builtin()
     name = spec.partition(":")[0].strip().lower()
-    return name == AR or name in _BUILDERS
-
-
-def parse_options(arg: str | None, defaults: dict[str, int | float]) -> dict[str, int | float]:
-    """Parse 'max_n=4:min_n=2' against typed defaults; unknown keys and bad values are user errors."""
-    opts = dict(defaults)
-    if not arg:
-        return opts
-    for part in arg.split(":"):
-        key, eq, value = part.partition("=")
-        if not eq or key not in defaults:
-            raise UserError(
-                f"bad drafter option '{part}': expected key=value with key in {', '.join(defaults)}"
-            )
-        kind = type(defaults[key])
-        try:
-            opts[key] = kind(value)
-        except ValueError:
-            raise UserError(f"bad drafter option '{part}': {key} must be a {kind.__name__}") from None
-    return opts
-
-
-def split_path_options(arg: str, defaults: dict[str, int | float]) -> tuple[str, dict[str, int | float]]:
-    """'out/d:topk=4:size=20' -> ('out/d', {...}): trailing `key=value` parts are options, the rest
-    is the checkpoint path (which may itself hold ':')."""
-    parts = arg.split(":")
-    opts: list[str] = []
-    while len(parts) > 1 and "=" in parts[-1]:
-        opts.insert(0, parts.pop())
-    return ":".join(parts), parse_options(":".join(opts) or None, defaults)
-
-
-def check_probability(name: str, value: float) -> float:
-    """A drafter option that must lie in [0, 1]; anything else is a user error."""
-    if not 0.0 <= value <= 1.0:
-        raise UserError(f"drafter option {name}={value} must be a probability between 0 and 1")
-    return float(value)
+    return name == AR or name in BUILDERS

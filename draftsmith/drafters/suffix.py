@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from draftsmith.drafters.base import Draft, FactoryBase
-from draftsmith.drafters.registry import parse_options, register
+from draftsmith.drafters.options import parse_options
 from draftsmith.errors import UserError
 
 if TYPE_CHECKING:
@@ -320,7 +320,6 @@ class SuffixFactory(FactoryBase):
             self.tree.insert(list(prompt_ids[-(self.max_depth - 1) :]) + list(output_ids))
 
 
-@register("suffix")
 def build(arg: str | None) -> SuffixFactory:
     """`suffix` or `suffix:max_depth=32:factor=2:min_prob=0.2:max_tokens_global=100000:min_score=1`.
 
