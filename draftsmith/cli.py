@@ -11,15 +11,10 @@ import os
 import sys
 import time
 
+from draftsmith.command import Parser, run
 from draftsmith.errors import UserError
 
 DEFAULT_TARGET = "smollm2-135m"
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2, like every other user error
-        sys.stderr.write(f"draftsmith: error: {message} (see `{self.prog} --help`)\n")
-        raise SystemExit(2)
 
 
 def _add_target_args(p: argparse.ArgumentParser) -> None:
@@ -50,8 +45,8 @@ def _add_sampling_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="draftsmith", description="Lossless speculative decoding for any HF causal LM.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = Parser(prog="draftsmith", description="Lossless speculative decoding for any HF causal LM.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     g = sub.add_parser("generate", help="generate one answer, streaming, and print tau and tok/s")
     _add_target_args(g)
@@ -81,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=cmd_bench)
 
     d = sub.add_parser("data", help="training data: regenerate answers, precompute target features")
-    dsub = d.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
+    dsub = d.add_subparsers(dest="data_command", required=True, parser_class=Parser)
     from draftsmith.data.regenerate import add_regenerate_parser
 
     add_regenerate_parser(dsub)
@@ -90,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_features_parser(dsub)
 
     tr = sub.add_parser("train", help="train a speculator for a target")
-    trsub = tr.add_subparsers(dest="train_command", required=True, parser_class=_Parser)
+    trsub = tr.add_subparsers(dest="train_command", required=True, parser_class=Parser)
     from draftsmith.train.eagle3_cli import add_train_eagle3_parser
 
     add_train_eagle3_parser(trsub)
@@ -145,16 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        args.command_line = " ".join(["draftsmith", *(argv if argv is not None else sys.argv[1:])])
-        return args.func(args)
-    except UserError as e:
-        sys.stderr.write(f"draftsmith: error: {e}\n")
-        return 2
-    except KeyboardInterrupt:
-        sys.stderr.write("draftsmith: interrupted\n")
-        return 130
+    return run(build_parser(), list(sys.argv[1:] if argv is None else argv))
 
 
 def _sampling(args):

@@ -293,7 +293,7 @@ def add_features_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def parse_layers(spec: str, num_layers: int) -> list[int]:
-    from draftsmith.train.trainer import feature_layers
+    from draftsmith.drafters.eagle3 import feature_layers
 
     if spec == "eagle3":
         return feature_layers(num_layers)

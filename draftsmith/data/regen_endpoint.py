@@ -24,7 +24,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from draftsmith.data.regenerate import Conversation, turn_seed
+from draftsmith.data.conversation import Conversation, turn_seed
 from draftsmith.errors import UserError
 
 

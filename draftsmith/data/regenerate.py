@@ -34,7 +34,6 @@ endpoint; a resumed sampling run is not bitwise equal to an uninterrupted one (b
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import os
@@ -42,9 +41,9 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from draftsmith.data.conversation import Conversation, turn_seed
 from draftsmith.data.resumable import ResumableJsonl
 from draftsmith.errors import UserError
 
@@ -54,37 +53,6 @@ HUMANEVAL_HELD_OUT = 40
 
 
 # ---------------------------------------------------------------- conversations
-
-
-@dataclass
-class Conversation:
-    index: int  # position in the source order (shards select on it)
-    id: str
-    segments: list[list[dict]]  # the input messages before each assistant turn
-    messages: list[dict] = field(default_factory=list)  # regenerated conversation so far
-    finish_reasons: list[str] = field(default_factory=list)
-    turn_tokens: list[int] = field(default_factory=list)  # generated tokens per assistant turn
-    ended_by: str | None = None  # "context" or "rejected" when it ended before its last segment
-
-    def history(self, turn: int) -> list[dict]:
-        """The messages the target answers at `turn`: the regenerated history plus the new inputs."""
-        return self.messages + self.segments[turn]
-
-    def add_reply(self, turn: int, text: str, finish_reason: str, n_tokens: int) -> None:
-        self.messages = self.history(turn) + [{"role": "assistant", "content": text}]
-        self.finish_reasons.append(finish_reason)
-        self.turn_tokens.append(n_tokens)
-
-    def record(self, source: str, target: str) -> dict:
-        return {
-            "id": self.id,
-            "source": source,
-            "messages": self.messages,
-            "finish_reasons": self.finish_reasons,
-            "target": target,
-            "num_new_tokens": sum(self.turn_tokens),
-            "new_tokens_per_turn": self.turn_tokens,
-        }
 
 
 def plan_turns(messages: list[dict]) -> list[list[dict]]:
@@ -167,12 +135,6 @@ def parse_shard(spec: str | None) -> tuple[int, int]:
     if n < 1 or not 0 <= i < n:
         raise UserError(f"--shard {spec}: need 0 <= i < n, e.g. --shard 0/{max(n, 1)}")
     return i, n
-
-
-def turn_seed(seed: int, *parts: int) -> int:
-    """A 31-bit seed per (run seed, batch or conversation, turn): unrelated streams, reproducible."""
-    digest = hashlib.sha256("/".join(str(p) for p in (seed, *parts)).encode()).digest()
-    return int.from_bytes(digest[:4], "big") >> 1
 
 
 # ---------------------------------------------------------------- local generation

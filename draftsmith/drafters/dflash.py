@@ -39,26 +39,16 @@ from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding, rotat
 
 from draftsmith.drafters.layers import RMSNorm, SwiGLU
 from draftsmith.errors import UserError
+from draftsmith.formats.dflash_formats import (  # noqa: F401 (the format's rules, used here and by callers)
+    ARCHITECTURE,
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_NUM_FEATURES,
+    config_dict,
+    default_target_layer_ids,
+    read_dflash_checkpoint,
+)
 
-ARCHITECTURE = "DFlashDraftModel"
-DEFAULT_BLOCK_SIZE = 16
 DEFAULT_LAYERS = 5
-DEFAULT_NUM_FEATURES = 5  # K target layers; the released drafters use K = number of draft layers = 5
-
-
-def default_target_layer_ids(num_target_layers: int, k: int = DEFAULT_NUM_FEATURES) -> list[int]:
-    """K layers spread evenly from 1 to L-3, the published rule (36 layers, K=5: [1, 9, 17, 25, 33]).
-
-    >>> default_target_layer_ids(36)
-    [1, 9, 17, 25, 33]
-    >>> default_target_layer_ids(30)
-    [1, 8, 14, 20, 27]
-    """
-    if k == 1:
-        return [num_target_layers // 2]
-    start, end = 1, max(1, num_target_layers - 3)
-    ids = [int(round(start + i * (end - start) / (k - 1))) for i in range(k)]
-    return [min(max(i, 0), num_target_layers - 1) for i in ids]
 
 
 def default_mask_token_id(tokenizer, vocab_size: int) -> int:
@@ -260,7 +250,6 @@ class DFlashModel(nn.Module):
 
     def save(self, path: str | Path, extra: dict | None = None) -> None:
         from draftsmith.fileio import save_checkpoint_dir
-        from draftsmith.formats.dflash_formats import config_dict
 
         state = {k: v for k, v in self.state_dict().items() if not k.startswith("rotary.")}
         save_checkpoint_dir(path, state, config_dict(self.config, self.fc.weight.dtype), extra)
@@ -283,8 +272,6 @@ def load_dflash(
     path: str | Path, embed_tokens: nn.Module, lm_head: nn.Module, dtype: torch.dtype | None = None
 ) -> DFlashModel:
     """Load a DFlash checkpoint in the published layout (ours is the same)."""
-    from draftsmith.formats.dflash_formats import read_dflash_checkpoint
-
     config, state = read_dflash_checkpoint(path)
     vocab = embed_tokens.weight.shape[0]
     if vocab != config.vocab_size:

@@ -41,6 +41,15 @@ def default_feature_layers(num_layers: int) -> list[int]:
     return sorted({min(max(i, 0), num_layers - 1) for i in ids})
 
 
+def feature_layers(num_layers: int) -> list[int]:
+    """The three layers a trained EAGLE-3 reads; a target too shallow for three distinct ones
+    repeats a layer."""
+    layers = default_feature_layers(num_layers)
+    if len(layers) < 3:
+        layers = sorted(min(max(i, 0), num_layers - 1) for i in (1, num_layers // 2 - 1, num_layers - 4))
+    return layers
+
+
 def make_config(target_config, draft_vocab_size: int, feature_layers: list[int] | None = None) -> LlamaConfig:
     """A draft config from the target's: same width, heads and RoPE, one layer, its own LM head."""
     tc = target_config.get_text_config() if hasattr(target_config, "get_text_config") else target_config

@@ -33,9 +33,28 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import Qwen3Config
 
-from draftsmith.drafters.dflash import ARCHITECTURE, DEFAULT_BLOCK_SIZE, default_target_layer_ids
 from draftsmith.errors import UserError
 from draftsmith.fileio import atomic_dir, atomic_write_json, require_empty_dir
+
+ARCHITECTURE = "DFlashDraftModel"
+DEFAULT_BLOCK_SIZE = 16
+DEFAULT_NUM_FEATURES = 5  # K target layers; the released drafters use K = number of draft layers = 5
+
+
+def default_target_layer_ids(num_target_layers: int, k: int = DEFAULT_NUM_FEATURES) -> list[int]:
+    """K layers spread evenly from 1 to L-3, the published rule (36 layers, K=5: [1, 9, 17, 25, 33]).
+
+    >>> default_target_layer_ids(36)
+    [1, 9, 17, 25, 33]
+    >>> default_target_layer_ids(30)
+    [1, 8, 14, 20, 27]
+    """
+    if k == 1:
+        return [num_target_layers // 2]
+    start, end = 1, max(1, num_target_layers - 3)
+    ids = [int(round(start + i * (end - start) / (k - 1))) for i in range(k)]
+    return [min(max(i, 0), num_target_layers - 1) for i in ids]
+
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 

@@ -108,3 +108,13 @@ def report(summary: dict, what: str) -> None:
         f"{summary['wall_time_s']:.0f} s; held-out tau {'-' if tau is None else f'{tau:.2f}'}; {what}"
     )
     print(json.dumps(summary))
+
+
+def standalone_main(add_parser, name: str, argv: list[str]) -> int:
+    """`python -m draftsmith.train.<method>_cli ARGS` (what torchrun starts): the `train <name>`
+    subcommand alone, parsed and run as `draftsmith train <name> ARGS` would be."""
+    from draftsmith.command import Parser, run
+
+    parser = Parser(prog="draftsmith train")
+    add_parser(parser.add_subparsers(dest="train_command", required=True, parser_class=Parser))
+    return run(parser, [name, *argv], prefix=("train",))

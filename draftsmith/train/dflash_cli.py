@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from draftsmith.errors import UserError
-from draftsmith.train.cli_common import add_common_args, common_config, report
+from draftsmith.train.cli_common import add_common_args, common_config, report, standalone_main
 
 HELP = "train a DFlash (block diffusion) speculator for a target on regenerated conversations"
 
@@ -96,9 +96,7 @@ def cmd_train_dflash(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m draftsmith.train.dflash_cli ARGS` == `draftsmith train dflash ARGS` (for torchrun)."""
-    from draftsmith.cli import main as cli_main
-
-    return cli_main(["train", "dflash", *(sys.argv[1:] if argv is None else argv)])
+    return standalone_main(add_train_dflash_parser, "dflash", sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":

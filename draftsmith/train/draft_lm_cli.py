@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from draftsmith.errors import UserError
-from draftsmith.train.cli_common import add_common_args, common_config, report
+from draftsmith.train.cli_common import add_common_args, common_config, report, standalone_main
 
 HELP = "distil a small draft language model from a target on regenerated conversations (draft:PATH)"
 
@@ -82,9 +82,7 @@ def _layer_ids(text: str | None) -> list[int] | None:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m draftsmith.train.draft_lm_cli ARGS` == `draftsmith train draft-lm ARGS` (for torchrun)."""
-    from draftsmith.cli import main as cli_main
-
-    return cli_main(["train", "draft-lm", *(sys.argv[1:] if argv is None else argv)])
+    return standalone_main(add_train_draft_lm_parser, "draft-lm", sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":

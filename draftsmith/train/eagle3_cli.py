@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from draftsmith.train.cli_common import add_common_args, common_config, report
+from draftsmith.train.cli_common import add_common_args, common_config, report, standalone_main
 
 HELP = "train an EAGLE-3 speculator for a target on regenerated conversations"
 
@@ -71,9 +71,7 @@ def cmd_train_eagle3(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m draftsmith.train.eagle3_cli ARGS` == `draftsmith train eagle3 ARGS` (for torchrun)."""
-    from draftsmith.cli import main as cli_main
-
-    return cli_main(["train", "eagle3", *(sys.argv[1:] if argv is None else argv)])
+    return standalone_main(add_train_eagle3_parser, "eagle3", sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from draftsmith.train.cli_common import add_common_args, common_config, report
+from draftsmith.train.cli_common import add_common_args, common_config, report, standalone_main
 
 HELP = "train or fine-tune an MTP (multi-token prediction) head for a target on regenerated conversations"
 
@@ -50,9 +50,7 @@ def cmd_train_mtp(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m draftsmith.train.mtp_cli ARGS` == `draftsmith train mtp ARGS` (for torchrun)."""
-    from draftsmith.cli import main as cli_main
-
-    return cli_main(["train", "mtp", *(sys.argv[1:] if argv is None else argv)])
+    return standalone_main(add_train_mtp_parser, "mtp", sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":

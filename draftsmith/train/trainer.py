@@ -49,7 +49,7 @@ import torch
 from tqdm import tqdm
 
 from draftsmith.drafters import dflash
-from draftsmith.drafters.eagle3 import Eagle3Model, default_feature_layers, load_eagle3, make_config
+from draftsmith.drafters.eagle3 import Eagle3Model, feature_layers, load_eagle3, make_config
 from draftsmith.drafters.mtp import build_head, load_head, save_head
 from draftsmith.errors import UserError
 from draftsmith.fileio import save_checkpoint_dir
@@ -172,14 +172,6 @@ def lr_at_progress(progress: float, warmup_ratio: float, base: float) -> float:
         return base * progress / warmup_ratio
     rest = (progress - warmup_ratio) / max(1e-12, 1.0 - warmup_ratio)
     return base * 0.5 * (1.0 + math.cos(math.pi * rest))
-
-
-def feature_layers(num_layers: int) -> list[int]:
-    """EAGLE's three layers; a target too shallow for three distinct ones repeats a layer."""
-    layers = default_feature_layers(num_layers)
-    if len(layers) < 3:
-        layers = sorted(min(max(i, 0), num_layers - 1) for i in (1, num_layers // 2 - 1, num_layers - 4))
-    return layers
 
 
 def train_eagle3(cfg: TrainConfig) -> dict:
