@@ -26,7 +26,7 @@ from draftsmith.drafters import dflash
 from draftsmith.target.model import Target, load_target
 from draftsmith.train.data import Example, load_conversations, pack, tokenize_dataset
 from draftsmith.train.dflash_objective import dflash_loss, sample_blocks
-from draftsmith.train.trainer import _features
+from draftsmith.train.methods.common import batch_features
 
 GAMMA = 7.0
 ROW_TOKENS = 4096  # packed row length of a probe batch
@@ -45,7 +45,7 @@ def _blocks(
         n_anchors=anchors,
         seeds=seeds,
     )
-    return batch, blocks, _features(target, batch, layers)
+    return batch, blocks, batch_features(target, batch, layers)
 
 
 def _score(model: dflash.DFlashModel, batch, blocks, features: torch.Tensor) -> tuple[float, list[float]]:
