@@ -11,6 +11,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from draftsmith.drafters.base import Draft, FactoryBase
+from draftsmith.drafters.eagle3 import Eagle3Model, make_config
 from draftsmith.target.model import Target
 
 VOCAB = 96
@@ -79,6 +80,19 @@ def save_draft_lm(path, layers: int = 1, seed: int = 0, scale: float = 1.0, voca
     model.config.num_hidden_layers = layers
     model.save_pretrained(path)
     return str(path)
+
+
+def save_eagle3(target, path, draft_vocab=40, seed=0):
+    """A random EAGLE-3 drafter for `target` over `draft_vocab` random tokens, saved at `path`
+    (feature layers 0, 0, 1 of the two-layer tiny targets)."""
+    torch.manual_seed(seed)
+    cfg = make_config(target.model.config, draft_vocab, feature_layers=[0, 0, 1])
+    model = Eagle3Model(cfg, target.model.get_input_embeddings())
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    model.set_vocab_map(torch.randperm(VOCAB)[:draft_vocab])
+    model.save(path, extra={"target": target.name})
+    return model
 
 
 def random_prompts(n: int, seed: int = 0, lo: int = 3, hi: int = 20) -> list[list[int]]:

@@ -3,24 +3,13 @@ the engine with a (random) drafter over a reduced draft vocabulary."""
 
 import pytest
 import torch
-from tiny import VOCAB, random_prompts, tiny_target
+from tiny import VOCAB, random_prompts, save_eagle3, tiny_target
 
 from draftsmith.decoding.engine import DecodeStats, generate
 from draftsmith.decoding.sampling import SamplingParams
 from draftsmith.drafters import registry
 from draftsmith.drafters.eagle3 import Eagle3Model, default_feature_layers, load_eagle3, make_config
 from draftsmith.errors import UserError
-
-
-def _make_drafter(target, path, draft_vocab=40, seed=0):
-    torch.manual_seed(seed)
-    cfg = make_config(target.model.config, draft_vocab, feature_layers=[0, 0, 1])
-    model = Eagle3Model(cfg, target.model.get_input_embeddings())
-    for p in model.parameters():
-        torch.nn.init.normal_(p, std=0.2)
-    model.set_vocab_map(torch.randperm(VOCAB)[:draft_vocab])
-    model.save(path, extra={"target": target.name})
-    return model
 
 
 def test_default_feature_layers():
@@ -30,7 +19,7 @@ def test_default_feature_layers():
 
 def test_checkpoint_round_trip(tmp_path):
     t = tiny_target("llama")
-    m = _make_drafter(t, tmp_path / "d")
+    m = save_eagle3(t, tmp_path / "d")
     again = load_eagle3(tmp_path / "d", t.model.get_input_embeddings())
     for (k, a), (k2, b) in zip(
         sorted(m.state_dict().items()), sorted(again.state_dict().items()), strict=True
@@ -64,7 +53,7 @@ def test_head_starts_at_the_target_rows_of_the_draft_vocab(kind):
 
 def test_load_refuses_other_vocab_and_missing(tmp_path):
     t = tiny_target("llama")
-    _make_drafter(t, tmp_path / "d")
+    save_eagle3(t, tmp_path / "d")
     other = torch.nn.Embedding(VOCAB + 5, 64)
     with pytest.raises(UserError, match="vocabulary"):
         load_eagle3(tmp_path / "d", other)
@@ -74,7 +63,7 @@ def test_load_refuses_other_vocab_and_missing(tmp_path):
 
 def test_incremental_drafting_equals_recompute(tmp_path):
     t = tiny_target("llama")
-    _make_drafter(t, tmp_path / "d")
+    save_eagle3(t, tmp_path / "d")
     factory = registry.build(f"eagle3:{tmp_path / 'd'}")
     factory.bind(t, SamplingParams())
     d = factory()
@@ -103,7 +92,7 @@ def test_incremental_drafting_equals_recompute(tmp_path):
 @pytest.mark.parametrize("k", [1, 5])
 def test_greedy_with_eagle3_equals_plain(tmp_path, kind, k):
     t = tiny_target(kind)
-    _make_drafter(t, tmp_path / "d")
+    save_eagle3(t, tmp_path / "d")
     prompts = random_prompts(3, seed=k)
     ar = generate(t, None, prompts, max_new_tokens=20)
     out = generate(t, registry.build(f"eagle3:{tmp_path / 'd'}"), prompts, k=k, max_new_tokens=20)
@@ -112,7 +101,7 @@ def test_greedy_with_eagle3_equals_plain(tmp_path, kind, k):
 
 def test_min_prob_cuts_the_chain_to_a_prefix(tmp_path):
     t = tiny_target("llama")
-    m = _make_drafter(t, tmp_path / "d")
+    m = save_eagle3(t, tmp_path / "d")
     with torch.no_grad():
         m.lm_head.weight.mul_(6.0)  # sharper draft distributions, so confidences spread over (0, 1)
     m.save(tmp_path / "d")
@@ -137,7 +126,7 @@ def test_min_prob_cuts_the_chain_to_a_prefix(tmp_path):
 @pytest.mark.parametrize("min_prob", [0.0, 0.3])
 def test_greedy_with_eagle3_cut_by_confidence_equals_plain(tmp_path, min_prob):
     t = tiny_target("qwen3")
-    _make_drafter(t, tmp_path / "d")
+    save_eagle3(t, tmp_path / "d")
     prompts = random_prompts(3, seed=11)
     ar = generate(t, None, prompts, max_new_tokens=20)
     f = registry.build(f"eagle3:{tmp_path / 'd'}:min_prob={min_prob}")
@@ -182,7 +171,7 @@ def test_sampling_with_eagle3_keeps_target_law(tmp_path, options):
 
 def test_tree_with_topk_one_is_the_chain(tmp_path):
     t = tiny_target("llama")
-    _make_drafter(t, tmp_path / "d")
+    save_eagle3(t, tmp_path / "d")
     prompt = random_prompts(1, seed=9)[0]
     drafts = {}
     for spec in (f"eagle3:{tmp_path / 'd'}", f"eagle3-tree:{tmp_path / 'd'}:topk=1:size=6"):
@@ -201,7 +190,7 @@ def test_tree_with_topk_one_is_the_chain(tmp_path):
 @pytest.mark.parametrize("k", [2, 5])
 def test_greedy_with_eagle3_tree_equals_plain(tmp_path, k):
     t = tiny_target("llama")
-    _make_drafter(t, tmp_path / "d")
+    save_eagle3(t, tmp_path / "d")
     prompts = random_prompts(2, seed=k)
     ar = generate(t, None, prompts, max_new_tokens=16)
     f = registry.build(f"eagle3-tree:{tmp_path / 'd'}:topk=3:size=10")

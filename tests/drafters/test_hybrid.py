@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_eagle3 import _make_drafter
-from tiny import OracleFactory, SkewedFactory, random_prompts, tiny_target
+from tiny import OracleFactory, SkewedFactory, random_prompts, save_eagle3, tiny_target
 
 from draftsmith.decoding.engine import DecodeStats, generate
 from draftsmith.decoding.sampling import SamplingParams
@@ -64,8 +63,8 @@ def test_registry_parses_a_plus_b(tmp_path):
     with pytest.raises(UserError, match="not ar"):
         registry.build("ar+ngram")
     t = tiny_target("llama")
-    _make_drafter(t, tmp_path / "d1")
-    _make_drafter(t, tmp_path / "d2")
+    save_eagle3(t, tmp_path / "d1")
+    save_eagle3(t, tmp_path / "d2")
     both = registry.build(f"eagle3:{tmp_path / 'd1'}+eagle3:{tmp_path / 'd2'}")
     with pytest.raises(UserError, match="only one side"):
         both.bind(t, SamplingParams())
@@ -74,7 +73,7 @@ def test_registry_parses_a_plus_b(tmp_path):
 @pytest.mark.parametrize("kind", ["llama", "qwen3"])
 def test_greedy_with_suffix_plus_eagle3_equals_plain(tmp_path, kind):
     t = tiny_target(kind)
-    _make_drafter(t, tmp_path / "d")
+    save_eagle3(t, tmp_path / "d")
     prompts = [p * 3 for p in random_prompts(3, seed=4, lo=3, hi=6)]  # repeats, so suffix drafts too
     ar = generate(t, None, prompts, max_new_tokens=24)
     f = registry.build(f"suffix:min_score=0.5+eagle3:{tmp_path / 'd'}")

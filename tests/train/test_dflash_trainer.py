@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from test_eagle3_trainer import _args, _metrics, files, sharp_target  # noqa: F401 (fixtures)
+from train_fixtures import files, read_metrics, run_args, sharp_target  # noqa: F401 (fixtures)
 
 from draftsmith.decoding.engine import DecodeStats, generate
 from draftsmith.drafters import registry
@@ -26,11 +26,11 @@ SMALL = ["--block-size", 4, "--layers", 1, "--anchors", 8, "--target-layers", "0
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def test_overfit_loss_decreases_and_engine_tau(sharp_target, files, tmp_path):  # noqa: F811
+def test_overfit_loss_decreases_and_engine_tau(sharp_target, files, tmp_path):
     out = tmp_path / "run"
-    args = _args(sharp_target, files, out, *SMALL, "--epochs", 30, "--batch-tokens", 400, "--lr", 3e-3)
+    args = run_args(sharp_target, files, out, *SMALL, "--epochs", 30, "--batch-tokens", 400, "--lr", 3e-3)
     assert main(args + ["--eval-every", "0"]) == 0
-    m = _metrics(out)
+    m = read_metrics(out)
     assert len(m) == 30 and len(m[0]["acc"]) == 3
     first, last = m[0]["loss"], sum(r["loss"] for r in m[-3:]) / 3
     assert last < 0.6 * first, (first, last)
@@ -61,14 +61,14 @@ def test_overfit_loss_decreases_and_engine_tau(sharp_target, files, tmp_path):  
     assert load_dflash(out, emb, torch.nn.Linear(64, vocab)).fc.weight.dtype == torch.float32
 
 
-def test_resume_continues_the_loss_curve_exactly(sharp_target, files, tmp_path):  # noqa: F811
+def test_resume_continues_the_loss_curve_exactly(sharp_target, files, tmp_path):
     common = [*SMALL, "--epochs", 4, "--batch-tokens", 120, "--lr", 2e-3, "--eval-prompts", 0]
     a, b = tmp_path / "a", tmp_path / "b"
-    assert main(_args(sharp_target, files, a, *common, "--max-steps", 7, "--save-every", 3)) == 0
-    assert main(_args(sharp_target, files, b, *common, "--max-steps", 4, "--save-every", 3)) == 0
+    assert main(run_args(sharp_target, files, a, *common, "--max-steps", 7, "--save-every", 3)) == 0
+    assert main(run_args(sharp_target, files, b, *common, "--max-steps", 4, "--save-every", 3)) == 0
     assert checkpoint.read_state(b)["step"] == 4
-    assert main(_args(sharp_target, files, b, *common, "--max-steps", 7, "--resume")) == 0
-    ma, mb = _metrics(a), _metrics(b)
+    assert main(run_args(sharp_target, files, b, *common, "--max-steps", 7, "--resume")) == 0
+    ma, mb = read_metrics(a), read_metrics(b)
     assert [r["step"] for r in mb] == list(range(1, 8))
     for ra, rb in zip(ma, mb, strict=True):
         assert abs(ra["loss"] - rb["loss"]) <= 1e-6 and ra["lr"] == rb["lr"], (ra, rb)
@@ -77,25 +77,25 @@ def test_resume_continues_the_loss_curve_exactly(sharp_target, files, tmp_path):
     assert len(json.loads((b / "draftsmith.json").read_text())["commands"]) == 2
 
 
-def test_init_continues_from_a_trained_speculator(sharp_target, files, tmp_path, capsys):  # noqa: F811
+def test_init_continues_from_a_trained_speculator(sharp_target, files, tmp_path, capsys):
     """`--init DIR` starts a new schedule from a trained DFlash speculator's weights, so its first
     step's loss is the trained model's, not a random one's; a shape that differs is refused."""
     common = [*SMALL, "--batch-tokens", 400, "--lr", 3e-3, "--eval-prompts", 0]
     first, second, fresh = tmp_path / "first", tmp_path / "second", tmp_path / "fresh"
-    assert main(_args(sharp_target, files, first, *common, "--epochs", 20)) == 0
-    assert main(_args(sharp_target, files, second, *common, "--epochs", 1, "--init", first)) == 0
-    assert main(_args(sharp_target, files, fresh, *common, "--epochs", 1)) == 0
-    trained_loss = sum(r["loss"] for r in _metrics(first)[-3:]) / 3
-    assert _metrics(second)[0]["loss"] < 0.8 * _metrics(fresh)[0]["loss"]
-    assert _metrics(second)[0]["loss"] < 1.5 * trained_loss
+    assert main(run_args(sharp_target, files, first, *common, "--epochs", 20)) == 0
+    assert main(run_args(sharp_target, files, second, *common, "--epochs", 1, "--init", first)) == 0
+    assert main(run_args(sharp_target, files, fresh, *common, "--epochs", 1)) == 0
+    trained_loss = sum(r["loss"] for r in read_metrics(first)[-3:]) / 3
+    assert read_metrics(second)[0]["loss"] < 0.8 * read_metrics(fresh)[0]["loss"]
+    assert read_metrics(second)[0]["loss"] < 1.5 * trained_loss
     assert json.loads((second / "draftsmith.json").read_text())["init"] == str(first.resolve())
     bad = [a if a != 4 else 3 for a in common]  # --block-size 3: not the trained speculator's 4
     capsys.readouterr()
-    assert main(_args(sharp_target, files, tmp_path / "bad", *bad, "--init", first)) == 2
+    assert main(run_args(sharp_target, files, tmp_path / "bad", *bad, "--init", first)) == 2
     assert "--block-size 4 (this run: 3)" in capsys.readouterr().err
 
 
-def test_offline_features_train_like_online(sharp_target, files, tmp_path):  # noqa: F811
+def test_offline_features_train_like_online(sharp_target, files, tmp_path):
     from draftsmith.cli import main as cli_main
 
     common = [
@@ -115,13 +115,13 @@ def test_offline_features_train_like_online(sharp_target, files, tmp_path):  # n
     rc = cli_main(["data", "features", "--target", sharp_target, "--data", files["data"], "--dtype", "float32",
                    "--layers", "0,1", "--out", str(store), "--no-progress"])  # fmt: skip
     assert rc == 0
-    assert main(_args(sharp_target, files, tmp_path / "a", *common)) == 0
-    assert main(_args(sharp_target, files, tmp_path / "b", *common, "--features", store)) == 0
-    for ra, rb in zip(_metrics(tmp_path / "a"), _metrics(tmp_path / "b"), strict=True):
+    assert main(run_args(sharp_target, files, tmp_path / "a", *common)) == 0
+    assert main(run_args(sharp_target, files, tmp_path / "b", *common, "--features", store)) == 0
+    for ra, rb in zip(read_metrics(tmp_path / "a"), read_metrics(tmp_path / "b"), strict=True):
         assert abs(ra["loss"] - rb["loss"]) <= 1e-4 * max(1.0, ra["loss"]), (ra, rb)
 
 
-def test_user_errors(sharp_target, files, tmp_path, capsys):  # noqa: F811
+def test_user_errors(sharp_target, files, tmp_path, capsys):
     def error(args) -> str:
         assert main([str(a) for a in args]) == 2
         lines = capsys.readouterr().err.strip().splitlines()
@@ -129,22 +129,22 @@ def test_user_errors(sharp_target, files, tmp_path, capsys):  # noqa: F811
         return lines[0]
 
     out = tmp_path / "out"
-    assert "--block-size" in error(_args(sharp_target, files, out, "--block-size", 1))
-    assert "--anchors" in error(_args(sharp_target, files, out, "--anchors", 0))
-    assert "--target-layers" in error(_args(sharp_target, files, out, "--target-layers", "0,x"))
+    assert "--block-size" in error(run_args(sharp_target, files, out, "--block-size", 1))
+    assert "--anchors" in error(run_args(sharp_target, files, out, "--anchors", 0))
+    assert "--target-layers" in error(run_args(sharp_target, files, out, "--target-layers", "0,x"))
     assert "--target-layers" in error(
-        _args(sharp_target, files, out, "--target-layers", "0,7", "--eval-prompts", 0)
+        run_args(sharp_target, files, out, "--target-layers", "0,7", "--eval-prompts", 0)
     )
-    assert "--init" in error(_args(sharp_target, files, out, "--init", tmp_path / "none"))
+    assert "--init" in error(run_args(sharp_target, files, out, "--init", tmp_path / "none"))
     common = [*SMALL, "--max-steps", 1, "--eval-prompts", 0, "--batch-tokens", 100]
-    assert main(_args(sharp_target, files, out, *common)) == 0
+    assert main(run_args(sharp_target, files, out, *common)) == 0
     capsys.readouterr()
-    assert "pass --resume" in error(_args(sharp_target, files, out, *common))
-    assert "other settings" in error(_args(sharp_target, files, out, *common, "--resume", "--gamma", 3))
+    assert "pass --resume" in error(run_args(sharp_target, files, out, *common))
+    assert "other settings" in error(run_args(sharp_target, files, out, *common, "--resume", "--gamma", 3))
     assert Path(out / "config.json").exists()
 
 
-def test_data_parallel_gloo_equals_single_process(sharp_target, files, tmp_path):  # noqa: F811
+def test_data_parallel_gloo_equals_single_process(sharp_target, files, tmp_path):
     """Anchors are drawn per example, so two ranks see the same blocks as one process."""
     import os
     import subprocess
@@ -154,14 +154,14 @@ def test_data_parallel_gloo_equals_single_process(sharp_target, files, tmp_path)
 
     common = [*SMALL, "--epochs", 2, "--batch-tokens", 200, "--lr", 2e-3, "--eval-prompts", 0]
     single, ddp = tmp_path / "single", tmp_path / "ddp"
-    assert main(_args(sharp_target, files, single, *common)) == 0
+    assert main(run_args(sharp_target, files, single, *common)) == 0
     torchrun = Path(sys.executable).with_name("torchrun")
     cmd = [str(torchrun), "--nproc-per-node", "2", "--master-port", str(_free_port())]
-    cmd += ["-m", "draftsmith.train.dflash_cli", *_args(sharp_target, files, ddp, *common)]
+    cmd += ["-m", "draftsmith.train.dflash_cli", *run_args(sharp_target, files, ddp, *common)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    ms, md = _metrics(single), _metrics(ddp)
+    ms, md = read_metrics(single), read_metrics(ddp)
     assert len(ms) == len(md) >= 4
     for rs, rd in zip(ms, md, strict=True):
         assert rs["tokens"] == rd["tokens"] and abs(rs["loss"] - rd["loss"]) < 1e-4

@@ -11,8 +11,8 @@ import pytest
 import torch
 from conftest import make_tiny_checkpoint
 from safetensors.torch import load_file
-from test_eagle3_trainer import _args, _metrics, files, sharp_target  # noqa: F401 (fixtures)
 from tiny import tiny_model
+from train_fixtures import files, read_metrics, run_args, sharp_target  # noqa: F401 (fixtures)
 from transformers import LlamaForCausalLM
 
 from draftsmith.data.tokenize import Example
@@ -95,11 +95,11 @@ def mixing_target(tmp_path_factory) -> str:
     return path
 
 
-def test_overfit_saves_layers_only_and_reloads(mixing_target, files, tmp_path):  # noqa: F811
+def test_overfit_saves_layers_only_and_reloads(mixing_target, files, tmp_path):
     out = tmp_path / "run"
-    args = _args(mixing_target, files, out, "--layers", "1", "--epochs", 25)
+    args = run_args(mixing_target, files, out, "--layers", "1", "--epochs", 25)
     assert main(args + ["--batch-tokens", "400", "--lr", "3e-3", "--eval-every", "0", "--eval-k", "3"]) == 0
-    m = _metrics(out)
+    m = read_metrics(out)
     assert len(m) == 25 and len(m[0]["acc"]) == 1
     first, last = m[0]["loss"], sum(r["loss"] for r in m[-3:]) / 3
     assert last < 0.7 * first, (first, last)
@@ -134,9 +134,9 @@ def test_overfit_saves_layers_only_and_reloads(mixing_target, files, tmp_path): 
     assert DecodeStats.combined(r.stats for r in spec).tau > 1.0
 
 
-def test_init_from_target_layers_copies_them(sharp_target, files, tmp_path):  # noqa: F811
+def test_init_from_target_layers_copies_them(sharp_target, files, tmp_path):
     out = tmp_path / "copied"
-    args = _args(sharp_target, files, out, "--init-from-target-layers", "1", "--max-steps", 1)
+    args = run_args(sharp_target, files, out, "--init-from-target-layers", "1", "--max-steps", 1)
     assert main(args + ["--lr", "1e-12", "--eval-prompts", "0", "--batch-tokens", "120"]) == 0
     assert json.loads((out / "draftsmith.json").read_text())["init_layers"] == [1]
     saved = load_file(str(out / "model.safetensors"))
@@ -146,33 +146,33 @@ def test_init_from_target_layers_copies_them(sharp_target, files, tmp_path):  # 
     assert torch.allclose(saved["model.norm.weight"], theirs["model.norm.weight"])
 
 
-def test_resume_continues_the_loss_curve_exactly(sharp_target, files, tmp_path):  # noqa: F811
+def test_resume_continues_the_loss_curve_exactly(sharp_target, files, tmp_path):
     common = ["--layers", 1, "--epochs", 4, "--batch-tokens", 120, "--lr", 2e-3, "--eval-prompts", 0]
     a, b = tmp_path / "a", tmp_path / "b"
-    assert main(_args(sharp_target, files, a, *common, "--max-steps", 7, "--save-every", 3)) == 0
-    assert main(_args(sharp_target, files, b, *common, "--max-steps", 4, "--save-every", 3)) == 0
-    assert main(_args(sharp_target, files, b, *common, "--max-steps", 7, "--resume")) == 0
-    for ra, rb in zip(_metrics(a), _metrics(b), strict=True):
+    assert main(run_args(sharp_target, files, a, *common, "--max-steps", 7, "--save-every", 3)) == 0
+    assert main(run_args(sharp_target, files, b, *common, "--max-steps", 4, "--save-every", 3)) == 0
+    assert main(run_args(sharp_target, files, b, *common, "--max-steps", 7, "--resume")) == 0
+    for ra, rb in zip(read_metrics(a), read_metrics(b), strict=True):
         assert abs(ra["loss"] - rb["loss"]) <= 1e-6 and ra["lr"] == rb["lr"], (ra, rb)
     wa, wb = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
     assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
 
 
-def test_init_continues_from_a_trained_draft(mixing_target, files, tmp_path):  # noqa: F811
+def test_init_continues_from_a_trained_draft(mixing_target, files, tmp_path):
     common = ["--epochs", 8, "--batch-tokens", 400, "--lr", 3e-3, "--eval-prompts", 0]
     first, second = tmp_path / "first", tmp_path / "second"
-    assert main(_args(mixing_target, files, first, "--layers", 1, *common)) == 0
-    assert main(_args(mixing_target, files, second, "--init", first, *common)) == 0
+    assert main(run_args(mixing_target, files, first, "--layers", 1, *common)) == 0
+    assert main(run_args(mixing_target, files, second, "--init", first, *common)) == 0
     info = json.loads((second / "draftsmith.json").read_text())
     assert info["layers"] == 1 and info["init"] == str(first.resolve())
     # The second run starts where the first ended: its first loss is the first run's latest level,
     # far below a fresh draft's first loss.
-    m1, m2 = _metrics(first), _metrics(second)
+    m1, m2 = read_metrics(first), read_metrics(second)
     assert m2[0]["loss"] < 0.8 * m1[0]["loss"], (m1[0]["loss"], m2[0]["loss"])
     assert [r["lr"] for r in m2] == [r["lr"] for r in m1]  # a new schedule of its own
 
 
-def test_offline_features_train_like_online(sharp_target, files, tmp_path):  # noqa: F811
+def test_offline_features_train_like_online(sharp_target, files, tmp_path):
     from draftsmith.cli import main as cli_main
 
     common = ["--layers", 1, "--epochs", 2, "--batch-tokens", 120, "--lr", 2e-3, "--eval-prompts", 0]
@@ -180,17 +180,18 @@ def test_offline_features_train_like_online(sharp_target, files, tmp_path):  # n
     rc = cli_main(["data", "features", "--target", sharp_target, "--data", files["data"], "--dtype", "float32",
                    "--layers", "0", "--out", str(store), "--no-progress"])  # fmt: skip
     assert rc == 0
-    assert main(_args(sharp_target, files, tmp_path / "a", *common, "--max-steps", 3)) == 0
+    assert main(run_args(sharp_target, files, tmp_path / "a", *common, "--max-steps", 3)) == 0
     assert (
-        main(_args(sharp_target, files, tmp_path / "b", *common, "--max-steps", 3, "--features", store)) == 0
+        main(run_args(sharp_target, files, tmp_path / "b", *common, "--max-steps", 3, "--features", store))
+        == 0
     )
-    for ra, rb in zip(_metrics(tmp_path / "a"), _metrics(tmp_path / "b"), strict=True):
+    for ra, rb in zip(read_metrics(tmp_path / "a"), read_metrics(tmp_path / "b"), strict=True):
         assert abs(ra["loss"] - rb["loss"]) <= 1e-4 * max(1.0, ra["loss"]), (ra, rb)
 
 
-def test_own_width_trains_its_own_embedding(sharp_target, files, tmp_path):  # noqa: F811
+def test_own_width_trains_its_own_embedding(sharp_target, files, tmp_path):
     out = tmp_path / "narrow"
-    args = _args(
+    args = run_args(
         sharp_target, files, out, "--layers", 1, "--hidden", 16, "--max-steps", 2, "--eval-prompts", 0
     )
     assert main(args + ["--batch-tokens", "120"]) == 0
@@ -199,7 +200,7 @@ def test_own_width_trains_its_own_embedding(sharp_target, files, tmp_path):  # n
     assert json.loads((out / "config.json").read_text())["hidden_size"] == 16
 
 
-def test_user_errors(sharp_target, files, tmp_path, capsys):  # noqa: F811
+def test_user_errors(sharp_target, files, tmp_path, capsys):
     def error(args) -> str:
         assert main([str(a) for a in args]) == 2
         lines = capsys.readouterr().err.strip().splitlines()
@@ -208,11 +209,15 @@ def test_user_errors(sharp_target, files, tmp_path, capsys):  # noqa: F811
 
     out = tmp_path / "out"
     common = ["--eval-prompts", 0, "--max-steps", 1]
-    assert "not [99]" in error(_args(sharp_target, files, out, "--init-from-target-layers", "0,99", *common))
-    assert "separated by commas" in error(_args(sharp_target, files, out, "--init-from-target-layers", "a,b"))
-    assert "exclude each other" in error(
-        _args(sharp_target, files, out, "--init-from-target-layers", "0", "--hidden", 16)
+    assert "not [99]" in error(
+        run_args(sharp_target, files, out, "--init-from-target-layers", "0,99", *common)
     )
-    assert "--layers 0" in error(_args(sharp_target, files, out, "--layers", 0))
-    assert "config.json missing" in error(_args(sharp_target, files, out, "--init", tmp_path, *common))
+    assert "separated by commas" in error(
+        run_args(sharp_target, files, out, "--init-from-target-layers", "a,b")
+    )
+    assert "exclude each other" in error(
+        run_args(sharp_target, files, out, "--init-from-target-layers", "0", "--hidden", 16)
+    )
+    assert "--layers 0" in error(run_args(sharp_target, files, out, "--layers", 0))
+    assert "config.json missing" in error(run_args(sharp_target, files, out, "--init", tmp_path, *common))
     assert not out.exists()  # nothing written by a refused run

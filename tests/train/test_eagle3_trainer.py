@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import make_tiny_checkpoint
 from safetensors.torch import load_file
 from tiny import tiny_target
-from transformers import LlamaForCausalLM
+from train_fixtures import files, read_metrics, run_args, sharp_target  # noqa: F401 (fixtures)
 
 from draftsmith.data.tokenize import Example
 from draftsmith.drafters.eagle3 import load_eagle3
@@ -24,59 +23,7 @@ from draftsmith.train.data import draft_vocab, pack, plan_batches, shard
 from draftsmith.train.eagle3_cli import main
 from draftsmith.train.target_pass import can_pack, target_pass
 
-CONVERSATIONS = [
-    [("user", "say hello"), ("assistant", "hello hello hello world")],
-    [
-        ("user", "count"),
-        ("assistant", "one two three four five"),
-        ("user", "more"),
-        ("assistant", "six seven"),
-    ],
-    [("user", "abc"), ("assistant", "abcdefghijklmnopqrstuvwxyz")],
-    [("user", "yes?"), ("assistant", "yes yes no yes")],
-]
-
-
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-@pytest.fixture(scope="module")
-def sharp_target(tmp_path_factory) -> str:
-    """The tiny Llama with an untied, scaled LM head: confident next-token distributions, so the
-    draft has something to learn (the tied random head is nearly uniform)."""
-    path = make_tiny_checkpoint(tmp_path_factory.mktemp("sharp"))
-    model = LlamaForCausalLM.from_pretrained(path)
-    model.config.tie_word_embeddings = False
-    model.lm_head.weight = torch.nn.Parameter(model.model.embed_tokens.weight.detach().clone() * 20)
-    model.save_pretrained(path)
-    return path
-
-
-@pytest.fixture(scope="module")
-def files(tmp_path_factory) -> dict[str, str]:
-    d = tmp_path_factory.mktemp("data")
-    rows = [
-        {"id": f"c{i}", "messages": [{"role": r, "content": c} for r, c in conv]}
-        for i, conv in enumerate(CONVERSATIONS)
-    ]
-    (d / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (d / "eval.jsonl").write_text(
-        json.dumps({"id": "e1", "prompt": "say hello"})
-        + "\n"
-        + json.dumps({"id": "e2", "prompt": "abc"})
-        + "\n"
-    )
-    return {"data": str(d / "data.jsonl"), "eval": str(d / "eval.jsonl")}
-
-
-def _args(target, files, out, *extra) -> list[str]:
-    base = ["--target", target, "--data", files["data"], "--out", str(out), "--dtype", "float32"]
-    base += ["--eval-workload", files["eval"], "--eval-max-new-tokens", "12", "--no-progress"]
-    return base + [str(x) for x in extra]
-
-
-def _metrics(out) -> list[dict]:
-    return [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
 
 
 # ---------------------------------------------------------------- data
@@ -135,9 +82,9 @@ def test_target_pass_on_packed_rows_equals_separate_forwards(kind):
 
 def test_overfit_loss_decreases_and_engine_tau(sharp_target, files, tmp_path):
     out = tmp_path / "run"
-    args = _args(sharp_target, files, out, "--epochs", 30, "--batch-tokens", 400, "--lr", 3e-3)
+    args = run_args(sharp_target, files, out, "--epochs", 30, "--batch-tokens", 400, "--lr", 3e-3)
     assert main(args + ["--ttt-steps", "3", "--eval-every", "0", "--eval-k", "3"]) == 0
-    m = _metrics(out)
+    m = read_metrics(out)
     assert len(m) == 30
     first, last = m[0]["loss"], sum(r["loss"] for r in m[-3:]) / 3
     assert last < 0.6 * first, (first, last)
@@ -153,11 +100,11 @@ def test_overfit_loss_decreases_and_engine_tau(sharp_target, files, tmp_path):
 def test_resume_continues_the_loss_curve_exactly(sharp_target, files, tmp_path):
     common = ["--epochs", 4, "--batch-tokens", 120, "--lr", 2e-3, "--ttt-steps", 3, "--eval-prompts", 0]
     a, b = tmp_path / "a", tmp_path / "b"
-    assert main(_args(sharp_target, files, a, *common, "--max-steps", 7, "--save-every", 3)) == 0
-    assert main(_args(sharp_target, files, b, *common, "--max-steps", 4, "--save-every", 3)) == 0
+    assert main(run_args(sharp_target, files, a, *common, "--max-steps", 7, "--save-every", 3)) == 0
+    assert main(run_args(sharp_target, files, b, *common, "--max-steps", 4, "--save-every", 3)) == 0
     assert checkpoint.read_state(b)["step"] == 4
-    assert main(_args(sharp_target, files, b, *common, "--max-steps", 7, "--resume")) == 0
-    ma, mb = _metrics(a), _metrics(b)
+    assert main(run_args(sharp_target, files, b, *common, "--max-steps", 7, "--resume")) == 0
+    ma, mb = read_metrics(a), read_metrics(b)
     assert [r["step"] for r in mb] == list(range(1, 8))
     for ra, rb in zip(ma, mb, strict=True):
         assert abs(ra["loss"] - rb["loss"]) <= 1e-6 and ra["lr"] == rb["lr"], (ra, rb)
@@ -174,8 +121,8 @@ def test_time_budget_anneals_and_ends_on_time(sharp_target, files, tmp_path, mon
     monkeypatch.setattr("draftsmith.train.trainer.time.perf_counter", lambda: float(next(clock)))
     out = tmp_path / "timed"
     common = ["--epochs", 1000, "--batch-tokens", 120, "--lr", 2e-3, "--ttt-steps", 2, "--eval-prompts", 0]
-    assert main(_args(sharp_target, files, out, *common, "--time-budget", 60, "--warmup-ratio", 0.1)) == 0
-    m = _metrics(out)
+    assert main(run_args(sharp_target, files, out, *common, "--time-budget", 60, "--warmup-ratio", 0.1)) == 0
+    m = read_metrics(out)
     lrs = [r["lr"] for r in m]
     assert 5 < len(m) < 100, len(m)  # about 60 s of fake clock, a few readings per step
     assert lrs[-1] == 0.0 and max(lrs) > 1e-3
@@ -214,7 +161,7 @@ def test_time_budget_reserves_the_final_evaluation_and_save(sharp_target, files,
     out = tmp_path / "timed"
     common = ["--epochs", 1000, "--batch-tokens", 120, "--ttt-steps", 2, "--eval-prompts", 0]
     common += ["--eval-data", files["data"], "--eval-every-minutes", 100]
-    assert main(_args(sharp_target, files, out, *common, "--time-budget", 60)) == 0
+    assert main(run_args(sharp_target, files, out, *common, "--time-budget", 60)) == 0
     training_began = seen[0] + 20.0  # the first evaluation ran just before the first step
     assert 50 < seen[-1] - training_began <= 61, seen  # without the reserve: about 80
     info = json.loads((out / "draftsmith.json").read_text())
@@ -226,12 +173,12 @@ def test_init_continues_from_a_trained_speculator(sharp_target, files, tmp_path)
     vocabulary, so the first step's loss is the trained model's, not a random one's."""
     common = ["--batch-tokens", 120, "--lr", 3e-3, "--ttt-steps", 3, "--eval-prompts", 0]
     first, second, fresh = tmp_path / "first", tmp_path / "second", tmp_path / "fresh"
-    assert main(_args(sharp_target, files, first, *common, "--epochs", 6)) == 0
-    assert main(_args(sharp_target, files, second, *common, "--epochs", 1, "--init", first)) == 0
-    assert main(_args(sharp_target, files, fresh, *common, "--epochs", 1)) == 0
-    trained_loss = sum(r["loss"] for r in _metrics(first)[-3:]) / 3
-    assert _metrics(second)[0]["loss"] < 0.8 * _metrics(fresh)[0]["loss"]
-    assert _metrics(second)[0]["loss"] < 1.5 * trained_loss
+    assert main(run_args(sharp_target, files, first, *common, "--epochs", 6)) == 0
+    assert main(run_args(sharp_target, files, second, *common, "--epochs", 1, "--init", first)) == 0
+    assert main(run_args(sharp_target, files, fresh, *common, "--epochs", 1)) == 0
+    trained_loss = sum(r["loss"] for r in read_metrics(first)[-3:]) / 3
+    assert read_metrics(second)[0]["loss"] < 0.8 * read_metrics(fresh)[0]["loss"]
+    assert read_metrics(second)[0]["loss"] < 1.5 * trained_loss
     wa, wb = load_file(str(first / "model.safetensors")), load_file(str(second / "model.safetensors"))
     assert torch.equal(wa["d2t"], wb["d2t"])
     assert json.loads((second / "draftsmith.json").read_text())["init"] == str(first.resolve())
@@ -242,9 +189,11 @@ def test_init_rebuilds_the_draft_vocabulary_from_the_new_data(sharp_target, file
     (ties to the old vocabulary), shared tokens keep their head rows, new ones start at zero."""
     common = ["--batch-tokens", 120, "--ttt-steps", 2, "--eval-prompts", 0]
     first, second = tmp_path / "first", tmp_path / "second"
-    assert main(_args(sharp_target, files, first, *common, "--draft-vocab", 40, "--max-steps", 2)) == 0
+    assert main(run_args(sharp_target, files, first, *common, "--draft-vocab", 40, "--max-steps", 2)) == 0
     assert (
-        main(_args(sharp_target, files, second, *common, "--draft-vocab", 7, "--init", first, "--lr", 1e-12))
+        main(
+            run_args(sharp_target, files, second, *common, "--draft-vocab", 7, "--init", first, "--lr", 1e-12)
+        )
         == 0
     )
     wa, wb = load_file(str(first / "model.safetensors")), load_file(str(second / "model.safetensors"))
@@ -266,11 +215,12 @@ def test_offline_features_train_like_online(sharp_target, files, tmp_path):
     rc = cli_main(["data", "features", "--target", sharp_target, "--data", files["data"], "--dtype", "float32",
                    "--max-len", "2048", "--out", str(store), "--no-progress"])  # fmt: skip
     assert rc == 0
-    assert main(_args(sharp_target, files, tmp_path / "a", *common, "--max-steps", 4)) == 0
+    assert main(run_args(sharp_target, files, tmp_path / "a", *common, "--max-steps", 4)) == 0
     assert (
-        main(_args(sharp_target, files, tmp_path / "b", *common, "--max-steps", 4, "--features", store)) == 0
+        main(run_args(sharp_target, files, tmp_path / "b", *common, "--max-steps", 4, "--features", store))
+        == 0
     )
-    ma, mb = _metrics(tmp_path / "a"), _metrics(tmp_path / "b")
+    ma, mb = read_metrics(tmp_path / "a"), read_metrics(tmp_path / "b")
     assert len(ma) == len(mb) == 4
     for ra, rb in zip(ma, mb, strict=True):
         assert abs(ra["loss"] - rb["loss"]) <= 1e-4 * max(1.0, ra["loss"]), (ra, rb)
@@ -331,7 +281,7 @@ def _free_port() -> int:
 def test_data_parallel_gloo_equals_single_process(sharp_target, files, tmp_path):
     common = ["--epochs", 2, "--batch-tokens", 200, "--lr", 2e-3, "--ttt-steps", 2, "--eval-prompts", 0]
     single, ddp = tmp_path / "single", tmp_path / "ddp"
-    assert main(_args(sharp_target, files, single, *common)) == 0
+    assert main(run_args(sharp_target, files, single, *common)) == 0
     torchrun = Path(sys.executable).with_name("torchrun")
     env = dict(os.environ, OMP_NUM_THREADS="1")
     cmd = [
@@ -344,10 +294,14 @@ def test_data_parallel_gloo_equals_single_process(sharp_target, files, tmp_path)
         "draftsmith.train.eagle3_cli",
     ]
     proc = subprocess.run(
-        cmd + _args(sharp_target, files, ddp, *common), env=env, capture_output=True, text=True, timeout=300
+        cmd + run_args(sharp_target, files, ddp, *common),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    ms, md = _metrics(single), _metrics(ddp)
+    ms, md = read_metrics(single), read_metrics(ddp)
     assert len(ms) == len(md) >= 4
     for rs, rd in zip(ms, md, strict=True):
         assert rs["tokens"] == rd["tokens"] and abs(rs["loss"] - rd["loss"]) < 1e-4
@@ -367,23 +321,25 @@ def test_user_errors(sharp_target, files, tmp_path, capsys):
         return lines[0]
 
     out = tmp_path / "out"
-    assert "not found" in error(_args(sharp_target, {**files, "data": str(tmp_path / "nope.jsonl")}, out))
+    assert "not found" in error(run_args(sharp_target, {**files, "data": str(tmp_path / "nope.jsonl")}, out))
     (tmp_path / "empty.jsonl").write_text("\n")
-    assert "is empty" in error(_args(sharp_target, {**files, "data": str(tmp_path / "empty.jsonl")}, out))
+    assert "is empty" in error(run_args(sharp_target, {**files, "data": str(tmp_path / "empty.jsonl")}, out))
     (tmp_path / "bad.jsonl").write_text('{"messages": [{"role": "user", "content": "hi"}]}\n{oops\n')
-    assert "line 2" in error(_args(sharp_target, {**files, "data": str(tmp_path / "bad.jsonl")}, out))
-    assert "holds no checkpoint" in error(_args(sharp_target, files, out, "--resume"))
-    assert "--lr" in error(_args(sharp_target, files, out, "--lr", 0))
-    assert "--time-budget" in error(_args(sharp_target, files, out, "--time-budget", 0))
+    assert "line 2" in error(run_args(sharp_target, {**files, "data": str(tmp_path / "bad.jsonl")}, out))
+    assert "holds no checkpoint" in error(run_args(sharp_target, files, out, "--resume"))
+    assert "--lr" in error(run_args(sharp_target, files, out, "--lr", 0))
+    assert "--time-budget" in error(run_args(sharp_target, files, out, "--time-budget", 0))
 
     common = ["--max-steps", 1, "--eval-prompts", 0, "--ttt-steps", 1, "--batch-tokens", 100]
-    assert main(_args(sharp_target, files, out, *common)) == 0
+    assert main(run_args(sharp_target, files, out, *common)) == 0
     capsys.readouterr()
-    assert "pass --resume" in error(_args(sharp_target, files, out, *common))
-    assert "another run" in error(_args(sharp_target, files, out, *common, "--lr", 5e-4))
-    assert "other settings" in error(_args(sharp_target, files, out, *common, "--resume", "--ttt-steps", 2))
+    assert "pass --resume" in error(run_args(sharp_target, files, out, *common))
+    assert "another run" in error(run_args(sharp_target, files, out, *common, "--lr", 5e-4))
+    assert "other settings" in error(
+        run_args(sharp_target, files, out, *common, "--resume", "--ttt-steps", 2)
+    )
     assert "--init" in error(
-        _args(sharp_target, files, tmp_path / "o2", *common, "--init", tmp_path / "none")
+        run_args(sharp_target, files, tmp_path / "o2", *common, "--init", tmp_path / "none")
     )
 
 
@@ -391,7 +347,7 @@ def test_dtype_auto_trains_in_float32_without_native_bf16(sharp_target, files, t
     from draftsmith import machine
 
     monkeypatch.setattr(machine, "cpu_flags", lambda: {"avx2", "fma"})
-    args = _args(
+    args = run_args(
         sharp_target, files, tmp_path / "run", "--max-steps", 1, "--eval-prompts", 0, "--ttt-steps", 2
     )
     assert main([*args[: args.index("--dtype")], *args[args.index("--dtype") + 2 :], "--dtype", "auto"]) == 0

@@ -10,8 +10,8 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from test_eagle3_trainer import _args, _metrics, files, sharp_target  # noqa: F401 (fixtures)
 from tiny import tiny_model
+from train_fixtures import files, read_metrics, run_args, sharp_target  # noqa: F401 (fixtures)
 from transformers import AutoTokenizer
 
 from draftsmith.decoding.engine import DecodeStats, generate
@@ -24,11 +24,11 @@ from draftsmith.train.mtp_cli import main
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def test_overfit_engine_tau_lossless_and_fine_tune(sharp_target, files, tmp_path):  # noqa: F811
+def test_overfit_engine_tau_lossless_and_fine_tune(sharp_target, files, tmp_path):
     out = tmp_path / "run"
-    args = _args(sharp_target, files, out, "--ttt-steps", 2, "--epochs", 30, "--batch-tokens", 400)
+    args = run_args(sharp_target, files, out, "--ttt-steps", 2, "--epochs", 30, "--batch-tokens", 400)
     assert main(args + ["--lr", "3e-3", "--eval-every", "0", "--eval-k", "3"]) == 0
-    m = _metrics(out)
+    m = read_metrics(out)
     assert len(m) == 30 and len(m[0]["acc"]) == 2
     first, last = m[0]["loss"], sum(r["loss"] for r in m[-3:]) / 3
     assert last < 0.5 * first, (first, last)
@@ -54,20 +54,20 @@ def test_overfit_engine_tau_lossless_and_fine_tune(sharp_target, files, tmp_path
 
     # Fine-tuning from the saved head starts where the run ended, not where a new head starts.
     tuned = tmp_path / "tuned"
-    tune = _args(sharp_target, files, tuned, "--ttt-steps", 2, "--batch-tokens", 400, "--init", out)
+    tune = run_args(sharp_target, files, tuned, "--ttt-steps", 2, "--batch-tokens", 400, "--init", out)
     assert main(tune + ["--lr", "1e-6", "--max-steps", "1", "--eval-prompts", "0"]) == 0
-    assert _metrics(tuned)[0]["loss"] < 0.6 * first
+    assert read_metrics(tuned)[0]["loss"] < 0.6 * first
     assert json.loads((tuned / "draftsmith.json").read_text())["init"] == str(out)
 
 
-def test_resume_continues_the_loss_curve_exactly(sharp_target, files, tmp_path):  # noqa: F811
+def test_resume_continues_the_loss_curve_exactly(sharp_target, files, tmp_path):
     common = ["--init", "last_layer", "--epochs", 4, "--batch-tokens", 120, "--lr", 2e-3, "--eval-prompts", 0]
     a, b = tmp_path / "a", tmp_path / "b"
-    assert main(_args(sharp_target, files, a, *common, "--max-steps", 7, "--save-every", 3)) == 0
-    assert main(_args(sharp_target, files, b, *common, "--max-steps", 4, "--save-every", 3)) == 0
+    assert main(run_args(sharp_target, files, a, *common, "--max-steps", 7, "--save-every", 3)) == 0
+    assert main(run_args(sharp_target, files, b, *common, "--max-steps", 4, "--save-every", 3)) == 0
     assert checkpoint.read_state(b)["step"] == 4
-    assert main(_args(sharp_target, files, b, *common, "--max-steps", 7, "--resume")) == 0
-    ma, mb = _metrics(a), _metrics(b)
+    assert main(run_args(sharp_target, files, b, *common, "--max-steps", 7, "--resume")) == 0
+    ma, mb = read_metrics(a), read_metrics(b)
     assert [r["step"] for r in mb] == list(range(1, 8)) and len(ma[0]["acc"]) == 3  # --ttt-steps 3
     for ra, rb in zip(ma, mb, strict=True):
         assert abs(ra["loss"] - rb["loss"]) <= 1e-6 and ra["lr"] == rb["lr"], (ra, rb)
@@ -76,7 +76,7 @@ def test_resume_continues_the_loss_curve_exactly(sharp_target, files, tmp_path):
     assert len(json.loads((b / "draftsmith.json").read_text())["commands"]) == 2
 
 
-def test_fine_tune_a_native_qwen3_5_head(sharp_target, files, tmp_path):  # noqa: F811
+def test_fine_tune_a_native_qwen3_5_head(sharp_target, files, tmp_path):
     """A hybrid Qwen3.5 folder that ships `mtp.*` tensors: `--init native` starts from its head, and
     the result is saved under the very same tensor names, drafting losslessly."""
     folder = tmp_path / "qwen3_5"
@@ -89,7 +89,7 @@ def test_fine_tune_a_native_qwen3_5_head(sharp_target, files, tmp_path):  # noqa
     save_file({**weights, **native}, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
     out = tmp_path / "tuned"
-    args = _args(str(folder), files, out, "--init", "native", "--ttt-steps", 2, "--batch-tokens", 200)
+    args = run_args(str(folder), files, out, "--init", "native", "--ttt-steps", 2, "--batch-tokens", 200)
     assert main(args + ["--lr", "1e-7", "--max-steps", "2", "--eval-prompts", "0"]) == 0
     saved = load_file(str(out / "model.safetensors"))
     assert set(saved) == set(native)
@@ -102,7 +102,7 @@ def test_fine_tune_a_native_qwen3_5_head(sharp_target, files, tmp_path):  # noqa
     assert [r.token_ids for r in spec] == [r.token_ids for r in plain]
 
 
-def test_offline_features_train_like_online(sharp_target, files, tmp_path):  # noqa: F811
+def test_offline_features_train_like_online(sharp_target, files, tmp_path):
     """The head reads the store's final hidden state (`hidden`), whatever layers the store holds."""
     from draftsmith.cli import main as cli_main
 
@@ -111,13 +111,13 @@ def test_offline_features_train_like_online(sharp_target, files, tmp_path):  # n
     rc = cli_main(["data", "features", "--target", sharp_target, "--data", files["data"], "--dtype", "float32",
                    "--layers", "0", "--out", str(store), "--no-progress"])  # fmt: skip
     assert rc == 0
-    assert main(_args(sharp_target, files, tmp_path / "a", *common)) == 0
-    assert main(_args(sharp_target, files, tmp_path / "b", *common, "--features", store)) == 0
-    for ra, rb in zip(_metrics(tmp_path / "a"), _metrics(tmp_path / "b"), strict=True):
+    assert main(run_args(sharp_target, files, tmp_path / "a", *common)) == 0
+    assert main(run_args(sharp_target, files, tmp_path / "b", *common, "--features", store)) == 0
+    for ra, rb in zip(read_metrics(tmp_path / "a"), read_metrics(tmp_path / "b"), strict=True):
         assert abs(ra["loss"] - rb["loss"]) <= 1e-4 * max(1.0, ra["loss"]), (ra, rb)
 
 
-def test_user_errors(sharp_target, files, tmp_path, capsys):  # noqa: F811
+def test_user_errors(sharp_target, files, tmp_path, capsys):
     def error(args) -> str:
         assert main([str(a) for a in args]) == 2
         lines = capsys.readouterr().err.strip().splitlines()
@@ -125,18 +125,20 @@ def test_user_errors(sharp_target, files, tmp_path, capsys):  # noqa: F811
         return lines[0]
 
     out = tmp_path / "out"
-    assert "--init" in error(_args(sharp_target, files, out, "--init", "nonsense"))
-    assert "--ttt-steps" in error(_args(sharp_target, files, out, "--ttt-steps", 0))
+    assert "--init" in error(run_args(sharp_target, files, out, "--init", "nonsense"))
+    assert "--ttt-steps" in error(run_args(sharp_target, files, out, "--ttt-steps", 0))
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert "no mtp.* tensors" in error(_args(sharp_target, files, out, "--init", empty, "--eval-prompts", 0))
+    assert "no mtp.* tensors" in error(
+        run_args(sharp_target, files, out, "--init", empty, "--eval-prompts", 0)
+    )
     assert "has no MTP head" in error(
-        _args(sharp_target, files, out, "--init", "native", "--eval-prompts", 0)
+        run_args(sharp_target, files, out, "--init", "native", "--eval-prompts", 0)
     )
     common = ["--max-steps", 1, "--eval-prompts", 0, "--batch-tokens", 100]
-    assert main(_args(sharp_target, files, out, *common)) == 0
+    assert main(run_args(sharp_target, files, out, *common)) == 0
     capsys.readouterr()
-    assert "pass --resume" in error(_args(sharp_target, files, out, *common))
+    assert "pass --resume" in error(run_args(sharp_target, files, out, *common))
     assert "other settings" in error(
-        _args(sharp_target, files, out, *common, "--resume", "--init", "last_layer")
+        run_args(sharp_target, files, out, *common, "--resume", "--init", "last_layer")
     )
