@@ -22,6 +22,8 @@ TRAINED = [
     ("mtp:{}/smollm2-135m-mtp", 3),
     ("suffix:min_score=2+eagle3:{}/smollm2-135m-eagle3:min_prob=0.2", 7),
     ("suffix:min_score=2+dflash:{}/smollm2-135m-dflash", 7),
+    ("draft:{}/smollm2-135m-draftlm:vocab=16384", 4),
+    ("suffix:min_score=2+draft:{}/smollm2-135m-draftlm:vocab=16384:min_prob=0.3:k=6", 7),
 ]
 
 PROMPTS = [
