@@ -188,7 +188,8 @@ class DraftLMFactory(FactoryBase):
                     "cannot roll back: use a draft model with attention layers only"
                 )
             if self.vocab:
-                self.head_rows = _head_rows(self.path, self.vocab, target.vocab_size)
+                # Ids the target has and the draft's head has a row for.
+                self.head_rows = _head_rows(self.path, self.vocab, min(target.vocab_size, lm.vocab_size))
                 lm.restrict_head(self.head_rows)
             self.lm = lm
             self.vocab_size = target.vocab_size
