@@ -11,10 +11,10 @@ import math
 
 import pytest
 import torch
-from tiny import VOCAB, random_prompts, save_draft_lm, tiny_model, tiny_target
+from tiny import VOCAB, assert_target_law, random_prompts, save_draft_lm, tiny_model, tiny_target
 
 from draftsmith.decoding.engine import Batch, DecodeStats, Seq, generate
-from draftsmith.decoding.sampling import SamplingParams, draft_stream, make_generator, target_probs
+from draftsmith.decoding.sampling import SamplingParams, draft_stream, make_generator
 from draftsmith.drafters import draft_lm, registry
 from draftsmith.drafters.draft_lm import DraftLMFactory
 from draftsmith.errors import UserError
@@ -107,27 +107,6 @@ def test_k_option_caps_the_draft(small):
         registry.build("draft")
 
 
-def _assert_target_law(t, prompt: list[int], sampling: SamplingParams, out) -> None:
-    """New tokens 2 and 3 of the rows in `out` (4 new tokens each: the first step drafts 2, so both
-    come out of draft ~ q -> min(1, p/q) -> resample or bonus) follow the target's exact marginals,
-    and some drafts were accepted, some rejected."""
-    vocab, rows = t.vocab_size, len(out)
-    with torch.no_grad():
-        p1 = target_probs(t.model(input_ids=torch.tensor([prompt])).logits[0, -1], sampling)  # [V]
-        two = torch.tensor([prompt + [a] for a in range(vocab)])
-        p2 = target_probs(t.model(input_ids=two).logits[:, -1], sampling)  # [V, V]
-        three = torch.tensor([prompt + [a, b] for a in range(vocab) for b in range(vocab)])
-        p3 = target_probs(t.model(input_ids=three).logits[:, -1], sampling)  # [V * V, V]
-    joint12 = p1[:, None] * p2  # [V, V]
-    wants = {1: joint12.sum(0), 2: joint12.reshape(-1) @ p3}
-    # Sampling error alone gives a total variation of about 0.03 over 1500 rows; a wrong rule gives more.
-    for pos, want in wants.items():
-        got = torch.bincount(torch.tensor([r.token_ids[pos] for r in out]), minlength=vocab).float() / rows
-        assert 0.5 * float((got - want).abs().sum()) < 0.07, pos
-    stats = DecodeStats.combined(r.stats for r in out)
-    assert 0 < sum(stats.accepted) < sum(stats.proposed)
-
-
 def test_sampling_with_draft_model_keeps_target_law(tmp_path):
     """With 4 new tokens the first step drafts 2 (one slot stays for the target's own token), so new
     tokens 2 and 3 come out of draft ~ q -> min(1, p/q) -> resample or bonus. Their frequencies over
@@ -140,7 +119,7 @@ def test_sampling_with_draft_model_keeps_target_law(tmp_path):
     out = generate(
         t, registry.build(f"draft:{path}"), [prompt] * rows, k=3, sampling=sampling, max_new_tokens=4
     )
-    _assert_target_law(t, prompt, sampling, out)
+    assert_target_law(t, prompt, sampling, out)
 
 
 def _ranked(path, seed: int, vocab: int = VOCAB) -> str:
@@ -181,7 +160,7 @@ def test_sampling_with_fewer_head_rows_and_a_cut_keeps_target_law(tmp_path):
     prompt = [1, 5, 7]
     f = registry.build(f"draft:{path}:vocab=6:min_prob=0.25")
     out = generate(t, f, [prompt] * rows, k=3, sampling=sampling, max_new_tokens=4)
-    _assert_target_law(t, prompt, sampling, out)
+    assert_target_law(t, prompt, sampling, out)
     kept = set(f.head_rows.tolist())
     assert len(kept) == 6
 
