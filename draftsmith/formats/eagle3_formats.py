@@ -7,6 +7,11 @@
   Llama config under `transformer_layer_config`, `eagle_aux_hidden_state_layer_ids`, and a
   `speculators_config` naming the proposal method and the verifier (target); tensors `layers.0.*`.
   Served with `vllm serve DST` or `--speculative-config '{"model": DST, "method": "eagle3", ...}'`.
+  vLLM numbers feature layers by the decoder layer whose *input* they are (its default is
+  (2, L//2, L-3); id j is HF `hidden_states[j]`), ours and SGLang's by the layer whose output they
+  are (id i is `hidden_states[i + 1]`): this layout holds our ids + 1. vLLM 0.32 drafting with our
+  SmolLM2 EAGLE-3 accepted exactly as our engine (tau 1.741 over the same 108 steps, float32) with
+  the + 1, and differently without it (tests/ecosystem/test_vllm.py).
 
 `read_eagle3_checkpoint` reads either layout (and SGLang files that use `layers.0.*`) into one
 canonical form: a LlamaConfig with our extra fields plus a state dict with `midlayer.*` names.
@@ -45,7 +50,9 @@ def read_eagle3_checkpoint(path: str | Path) -> tuple[LlamaConfig, dict[str, tor
         config.draft_vocab_size = raw.get("draft_vocab_size", config.vocab_size)
         config.target_hidden_size = raw.get("target_hidden_size") or config.hidden_size
         config.eagle_config = {
-            "eagle_aux_hidden_state_layer_ids": list(raw.get("eagle_aux_hidden_state_layer_ids") or [])
+            "eagle_aux_hidden_state_layer_ids": _ids_from_vllm(
+                raw.get("eagle_aux_hidden_state_layer_ids"), path
+            )
         }
         if raw.get("norm_before_residual"):
             raise UserError(f"{path}: norm_before_residual EAGLE-3 drafters are not supported yet")
@@ -90,7 +97,9 @@ def _vllm_config(config: LlamaConfig, verifier: str | None, speculative_tokens: 
         "draft_vocab_size": config.draft_vocab_size,
         "norm_before_residual": False,
         "target_hidden_size": config.target_hidden_size,
-        "eagle_aux_hidden_state_layer_ids": list(config.eagle_config["eagle_aux_hidden_state_layer_ids"]),
+        "eagle_aux_hidden_state_layer_ids": _ids_to_vllm(
+            config.eagle_config["eagle_aux_hidden_state_layer_ids"]
+        ),
         "speculators_config": {
             "algorithm": "eagle3",
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": speculative_tokens}],
@@ -98,6 +107,31 @@ def _vllm_config(config: LlamaConfig, verifier: str | None, speculative_tokens: 
             "verifier": {"name_or_path": verifier, "architectures": [_verifier_arch(config)]},
         },
     }
+
+
+def _ids_to_vllm(ids: list[int]) -> list[int]:
+    """Our feature layer ids (output of layer i) -> vLLM's (input of layer j = i + 1).
+
+    >>> _ids_to_vllm([1, 14, 26])
+    [2, 15, 27]
+    """
+    if any(i < 0 for i in ids):
+        raise UserError(
+            f"this EAGLE-3 reads the target's final normed hidden state (feature layer ids {list(ids)}), "
+            "which vLLM cannot hand a drafter: export it with --format sglang or retrain with decoder layers"
+        )
+    return [int(i) + 1 for i in ids]
+
+
+def _ids_from_vllm(ids: list[int] | None, path: Path) -> list[int]:
+    """vLLM's feature layer ids -> ours (inverse of `_ids_to_vllm`); empty stays empty."""
+    ids = list(ids or [])
+    if any(j < 1 for j in ids):
+        raise UserError(
+            f"{path}: feature layer id 0 (the embedding output) in eagle_aux_hidden_state_layer_ids "
+            "is not supported: draftsmith reads decoder layer outputs only"
+        )
+    return [int(j) - 1 for j in ids]
 
 
 def _verifier_arch(config: LlamaConfig) -> str:

@@ -41,7 +41,7 @@ def test_vllm_config_fields(drafter):
     _, _, tmp = drafter
     cfg = json.loads((export_eagle3(tmp / "src", tmp / "v", "vllm", k=5) / "config.json").read_text())
     assert cfg["speculators_model_type"] == "eagle3" and cfg["architectures"] == ["Eagle3Speculator"]
-    assert cfg["draft_vocab_size"] == 50 and cfg["eagle_aux_hidden_state_layer_ids"] == [0, 0, 1]
+    assert cfg["draft_vocab_size"] == 50 and cfg["eagle_aux_hidden_state_layer_ids"] == [1, 1, 2]  # ours + 1
     spec = cfg["speculators_config"]
     assert spec["algorithm"] == "eagle3" and spec["proposal_methods"][0]["speculative_tokens"] == 5
     assert spec["verifier"]["name_or_path"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
