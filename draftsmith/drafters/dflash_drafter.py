@@ -29,6 +29,7 @@ import torch
 
 from draftsmith.drafters.base import Draft, FactoryBase
 from draftsmith.drafters.dflash import DFlashModel, load_dflash
+from draftsmith.drafters.draft_kv import DraftKV
 from draftsmith.drafters.options import check_probability, split_path_options
 from draftsmith.errors import UserError
 from draftsmith.target.packed import use_fast_linear
@@ -37,43 +38,14 @@ if TYPE_CHECKING:
     from draftsmith.decoding.sampling import SamplingParams
 
 
-class _ContextKV:
-    """Per-layer growable context keys/values [1, kv_heads, capacity, d], written at positions."""
-
-    def __init__(self, model: DFlashModel, device, dtype) -> None:
-        cfg = model.config
-        shape = (1, cfg.num_key_value_heads, 256, cfg.head_dim)
-        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in model.layers]
-        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in model.layers]
-        self.length = 0
-
-    def append(self, kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        n = kv[0][0].shape[2]
-        end = self.length + n
-        if end > self.k[0].shape[2]:
-            grow = max(end, 2 * self.k[0].shape[2])
-            self.k = [_grow(t, grow) for t in self.k]
-            self.v = [_grow(t, grow) for t in self.v]
-        for i, (k, v) in enumerate(kv):
-            self.k[i][:, :, self.length : end] = k
-            self.v[i][:, :, self.length : end] = v
-        self.length = end
-
-    def view(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        return [(k[:, :, : self.length], v[:, :, : self.length]) for k, v in zip(self.k, self.v, strict=True)]
-
-
-def _grow(t: torch.Tensor, size: int) -> torch.Tensor:
-    return torch.cat([t, t.new_zeros(*t.shape[:2], size - t.shape[2], t.shape[3])], dim=2)
-
-
 class DFlashDrafter:
     def __init__(self, factory: DFlashFactory) -> None:
         self.model = factory.model
         self.needs_features = factory.needs_features
         p = next(self.model.parameters())
         self.device, self.dtype = p.device, p.dtype
-        self.ctx = _ContextKV(self.model, self.device, self.dtype)
+        self.ctx = DraftKV(len(self.model.layers))  # every layer's context keys/values
+        self.length = 0  # context positions held
         self.last: int | None = None  # the last committed token: the block's first slot
         self.min_prob = factory.min_prob
 
@@ -93,8 +65,10 @@ class DFlashDrafter:
             return
         n = features.shape[0]
         c = self.model.fuse(features.to(self.device, self.dtype))[None]  # [1, n, H]
-        pos = torch.arange(self.ctx.length, self.ctx.length + n, device=self.device)[None]
-        self.ctx.append(self.model.context_kv(c, pos))
+        pos = torch.arange(self.length, self.length + n, device=self.device)[None]
+        for layer, (k, v) in enumerate(self.model.context_kv(c, pos)):
+            self.ctx.write(self.length, k, v, layer)
+        self.length += n
 
     @torch.inference_mode()
     def block_logits(self) -> torch.Tensor:
@@ -102,12 +76,13 @@ class DFlashDrafter:
         B = self.model.block_size
         ids = torch.full((1, B), self.model.mask_token_id, dtype=torch.long, device=self.device)
         ids[0, 0] = self.last
-        pos = torch.arange(self.ctx.length, self.ctx.length + B, device=self.device)[None]
-        hidden = self.model(ids, pos, self.ctx.view())  # [1, B, H]
+        pos = torch.arange(self.length, self.length + B, device=self.device)[None]
+        context = [self.ctx.view(self.length, layer) for layer in range(len(self.model.layers))]
+        hidden = self.model(ids, pos, context)  # [1, B, H]
         return self.model.logits(hidden[0, 1:])
 
     def propose(self, k: int) -> Draft:
-        if self.last is None or k <= 0 or self.ctx.length == 0:
+        if self.last is None or k <= 0 or self.length == 0:
             return Draft(tokens=[])
         logits = self.block_logits()[:k]
         if not self.min_prob:

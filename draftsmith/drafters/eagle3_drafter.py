@@ -1,14 +1,8 @@
 """`eagle3:PATH` in the engine: chain drafting with a trained EAGLE-3 model.
 
-Draft position t pairs the target's features at t with the token x_{t+1} that follows; the engine
-hands features and tokens over in matching order (at start: the prompt's features with the prompt's
-tokens from the second on; at each commit: the features of the tokens that entered the target's
-cache with the committed ids), so the drafter keeps two FIFO queues and pairs them as they fill.
-
-Each paired position is run once through the draft layer and its keys/values kept. A proposal then
-unrolls k steps past the last paired position, each feeding the layer's own hidden state and its
-argmax token; those speculative keys/values are written past the committed length and simply
-overwritten next time (the same zero-copy rollback as the target's cache).
+Pairing, caching and chain unrolling are `feature_chain.py`'s (shared with MTP): here the model's
+input per position is the fused feature g_t of three target layers, and draft ids map onto target
+ids through the checkpoint's vocabulary (`d2t`).
 
 Draft probabilities q are the draft model's softmax mapped onto the target vocabulary, so
 verification at temperature > 0 uses min(1, p/q) and stays exact.
@@ -27,128 +21,50 @@ import torch
 
 from draftsmith.decoding.sampling import SamplingParams, draft_generator
 from draftsmith.drafters.base import Draft, FactoryBase
+from draftsmith.drafters.draft_kv import causal_mask
 from draftsmith.drafters.eagle3 import Eagle3Model, load_eagle3
+from draftsmith.drafters.feature_chain import FeatureChainDrafter
 from draftsmith.drafters.options import check_probability, split_path_options
 from draftsmith.errors import UserError
 from draftsmith.target.packed import use_fast_linear
 
 
-class _KV:
-    """Growable per-request key/value store written at absolute draft positions."""
-
-    def __init__(self, model: Eagle3Model, device, dtype) -> None:
-        cfg = model.config
-        self.k = torch.zeros(1, cfg.num_key_value_heads, 256, cfg.head_dim, device=device, dtype=dtype)
-        self.v = torch.zeros_like(self.k)
-
-    def write(self, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        end = start + k.shape[2]
-        if end > self.k.shape[2]:
-            grow = max(end, 2 * self.k.shape[2])
-            self.k = torch.cat(
-                [self.k, self.k.new_zeros(*self.k.shape[:2], grow - self.k.shape[2], self.k.shape[3])], 2
-            )
-            self.v = torch.cat(
-                [self.v, self.v.new_zeros(*self.v.shape[:2], grow - self.v.shape[2], self.v.shape[3])], 2
-            )
-        self.k[:, :, start:end] = k
-        self.v[:, :, start:end] = v
-
-
-class Eagle3Drafter:
+class Eagle3Drafter(FeatureChainDrafter):
     def __init__(self, factory: Eagle3Factory, sampling: SamplingParams, gen: torch.Generator) -> None:
+        p = next(factory.model.parameters())
+        super().__init__(factory.needs_features, sampling, gen, p.device, p.dtype)
         self.f = factory
-        self.sampling = not sampling.greedy  # drafts x ~ q at the request's temperature, else argmax
-        self.temperature = sampling.temperature or 1.0
         self.model = factory.model
-        self.needs_features = factory.needs_features
-        p = next(self.model.parameters())
-        self.device, self.dtype = p.device, p.dtype
-        self.kv = _KV(self.model, self.device, self.dtype)
-        self.feats: list[torch.Tensor] = []  # unpaired fused features g_t, each [H]
-        self.tokens: list[int] = []  # unpaired tokens x_{t+1}
-        self.length = 0  # draft positions with real (paired) keys/values
-        self.last: tuple[torch.Tensor, torch.Tensor] | None = None  # (logits [Vd], h [H]) at the frontier
-        self.gen = gen
+        self.min_prob = factory.min_prob
+        self.temperature = sampling.temperature or 1.0
 
-    def start(self, prompt_ids: list[int], features: torch.Tensor | None) -> None:
-        self.tokens = list(prompt_ids[1:])
-        self._add_features(features)
-        self._advance()
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        return self.model.fuse(features)
 
-    def commit(self, accepted_ids: list[int], features: torch.Tensor | None) -> None:
-        self.tokens.extend(accepted_ids)
-        self._add_features(features)
-        self._advance()
+    def run(self, ids: torch.Tensor, hidden: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        q = ids.shape[1]
+        pos = torch.arange(start, start + q, device=self.device)[None]
+        keys, values = self.kv.view(start) if start else (None, None)
+        logits, h, k, v = self.model(ids, hidden, pos, keys, values, causal_mask(start, q, self.device))
+        self.kv.write(start, k, v)
+        return logits[0, -1], h[0, -1]
 
-    def _add_features(self, features: torch.Tensor | None) -> None:
-        if features is None or features.shape[0] == 0:
-            return
-        g = self.model.fuse(features.to(self.device, self.dtype))  # [n, H]
-        self.feats.extend(g.unbind(0))
+    def draft_probs(self, logits: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(logits.float() / self.temperature, -1)
 
-    @torch.inference_mode()
-    def _advance(self) -> None:
-        """Run every newly paired position through the layer, keeping its keys/values."""
-        n = min(len(self.feats), len(self.tokens))
-        if n == 0:
-            return
-        hidden = torch.stack(self.feats[:n])[None]
-        ids = torch.tensor([self.tokens[:n]], device=self.device)
-        pos = torch.arange(self.length, self.length + n, device=self.device)[None]
-        keys, values = self.kv.k[:, :, : self.length], self.kv.v[:, :, : self.length]
-        mask = _causal_mask(self.length, n, self.device)
-        logits, h, k, v = self.model(ids, hidden, pos, keys, values, mask)
-        self.kv.write(self.length, k, v)
-        self.length += n
-        del self.feats[:n], self.tokens[:n]
-        self.last = (logits[0, -1], h[0, -1])
+    def to_target_id(self, draft_id: int) -> int:
+        return int(self.f.draft_to_target[draft_id])
+
+    def target_probs(self, qs: list[torch.Tensor]) -> torch.Tensor:
+        probs = torch.zeros(len(qs), self.f.vocab_size)
+        probs[:, self.f.draft_to_target.cpu()] = torch.stack(qs)
+        return probs
 
     @torch.inference_mode()
     def propose(self, k: int) -> Draft:
-        if self.last is None or k <= 0:
-            return Draft(tokens=[])
-        if self.f.tree is not None:
+        if self.f.tree is not None and self.last is not None and k > 0:
             return self._propose_tree(k, self.f.tree[0], self.f.tree[1])
-        logits, h = self.last
-        d2t = self.f.draft_to_target
-        tokens: list[int] = []
-        qs: list[torch.Tensor] = []
-        for i in range(k):
-            if self.sampling:
-                q = torch.softmax(logits.float() / self.temperature, -1)
-                # The cut looks at q's top probability, never at the sampled token: cutting on q(x)
-                # would leave x distributed as q truncated, and verification against q inexact.
-                if float(q.max()) < self.f.min_prob:
-                    break
-                # Exact speculative sampling needs x ~ q, so sample rather than take the argmax.
-                draft_id = int(torch.multinomial(q.cpu(), 1, generator=self.gen))
-                qs.append(q)
-            else:
-                if self.f.min_prob and float(torch.softmax(logits.float(), -1).max()) < self.f.min_prob:
-                    break
-                draft_id = int(logits.argmax())
-            tokens.append(int(d2t[draft_id]))
-            if i == k - 1:
-                break
-            # Position length + i pairs the layer's own h (standing in for the target's feature)
-            # with the token just drafted; it sees every paired position and the chain so far.
-            pos = self.length + i
-            ids = torch.tensor([[tokens[-1]]], device=self.device)
-            out_logits, out_h, kk, vv = self.model(
-                ids,
-                h[None, None],
-                torch.tensor([[pos]], device=self.device),
-                self.kv.k[:, :, :pos],
-                self.kv.v[:, :, :pos],
-            )
-            self.kv.write(pos, kk, vv)
-            logits, h = out_logits[0, -1], out_h[0, -1]
-        probs = None
-        if qs:
-            probs = torch.zeros(len(qs), self.f.vocab_size)
-            probs[:, d2t.cpu()] = torch.stack(qs).cpu()
-        return Draft(tokens=tokens, probs=probs)
+        return super().propose(k)
 
     def _propose_tree(self, depth: int, topk: int, size: int) -> Draft:
         """EAGLE-2 dynamic tree: expand the `topk` best nodes per depth by cumulative log-probability,
@@ -175,9 +91,7 @@ class Eagle3Drafter:
             hid = torch.stack([hidden_in[i] for i in fed])[None]
             pos = torch.full((1, len(fed)), self.length + level - 2, device=self.device)
             mask = self._tree_mask(fed, nodes, slot_of, base)
-            out_logits, out_h, kk, vv = self.model(
-                ids, hid, pos, self.kv.k[:, :, :base], self.kv.v[:, :, :base], mask
-            )
+            out_logits, out_h, kk, vv = self.model(ids, hid, pos, *self.kv.view(base), mask)
             self.kv.write(base, kk, vv)
             logp = torch.log_softmax(out_logits[0].float(), -1)  # [F, Vd]
             top = torch.topk(logp, min(topk, logp.shape[-1]), dim=-1)
@@ -213,12 +127,6 @@ class Eagle3Drafter:
                 mask[j, slot_of[p]] = True
                 p = nodes[p][1]
         return mask[None, None]
-
-
-def _causal_mask(past: int, q: int, device) -> torch.Tensor:
-    keys = torch.arange(past + q, device=device)
-    rows = past + torch.arange(q, device=device)
-    return (keys[None, :] <= rows[:, None])[None, None]
 
 
 class Eagle3Factory(FactoryBase):

@@ -42,37 +42,12 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
+from draftsmith.drafters.draft_kv import DraftKV
 from draftsmith.errors import UserError
 from draftsmith.target import attention
 
 PREFIX = "mtp."
 _EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
-
-
-class MTPCache:
-    """Keys/values of the head's one layer for one request, written at absolute positions.
-
-    Set `start` before a forward: its q new keys land at start..start+q-1 and attention sees
-    0..start+q-1. Rolling back is lowering `start`; what lies past it is overwritten later."""
-
-    def __init__(self) -> None:
-        self.k: torch.Tensor | None = None  # [1, kv_heads, capacity, head_dim]
-        self.v: torch.Tensor | None = None
-        self.start = 0
-
-    def update(self, key: torch.Tensor, value: torch.Tensor, layer_idx: int = 0, *args, **kwargs):
-        end = self.start + key.shape[2]
-        if self.k is None or end > self.k.shape[2]:
-            grow = max(end, 256, 0 if self.k is None else 2 * self.k.shape[2])
-            k = key.new_zeros(*key.shape[:2], grow, key.shape[3])
-            v = value.new_zeros(*value.shape[:2], grow, value.shape[3])
-            if self.k is not None:
-                k[:, :, : self.k.shape[2]] = self.k
-                v[:, :, : self.v.shape[2]] = self.v
-            self.k, self.v = k, v
-        self.k[:, :, self.start : end] = key
-        self.v[:, :, self.start : end] = value
-        return self.k[:, :, :end], self.v[:, :, :end]
 
 
 class MTPHead(nn.Module):
@@ -97,7 +72,7 @@ class MTPHead(nn.Module):
         input_ids: torch.Tensor,  # [b, q] token x_{t+1}
         hidden: torch.Tensor,  # [b, q, H] final-normed hidden h_t (the target's, or the head's own h')
         positions: torch.Tensor,  # [b, q] position t
-        cache: MTPCache | None = None,
+        cache: DraftKV | None = None,
         mask: torch.Tensor | None = None,  # [b, 1, q, kv] bool, True = may attend; None = causal / all
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One step. Returns (logits [b, q, V] float32, h' [b, q, H])."""
@@ -116,7 +91,7 @@ class MTPHead(nn.Module):
         input_ids: torch.Tensor,
         hidden: torch.Tensor,
         positions: torch.Tensor,
-        cache: MTPCache | None = None,
+        cache: DraftKV | None = None,
         mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """One step without the LM head: h' [b, q, H] (training scores it with a fused head + loss)."""

@@ -4,19 +4,11 @@
 transformers drops on load); `mtp:PATH` reads one from another folder (a head trained here, or
 another checkpoint of the same target architecture).
 
-Position t pairs the target's final hidden state h_t with the token x_{t+1} that follows it. The
-engine hands both over in matching order (at start: the prompt's states with the prompt's tokens
-from the second on; at each commit: the states of the tokens that entered the target's cache with
-the committed ids), so the drafter keeps two FIFO queues and runs every newly paired position once
-through the head, keeping its keys/values. Those positions use the target's own states, so whatever
-a proposal computed from the head's guesses is recomputed from the truth.
-
-A proposal unrolls k steps past the last paired position, each feeding the head's own h' and the
-token just drafted; their keys/values are written past the committed length and overwritten next
-time, so rejecting drafts costs nothing (the target's recurrent state on hybrid targets is the
-engine's business). At temperature > 0 each draft token is sampled from q = the head's
-distribution under the same temperature/top-k/top-p as the target's p, and q is returned, so
-verification (min(1, p/q), resample from norm(max(0, p - q))) stays exact.
+Pairing, caching and chain unrolling are `feature_chain.py`'s (shared with EAGLE-3): here the
+model's input per position is the target's final hidden state h_t, drafts are over the target's
+own vocabulary, and q at temperature > 0 is the head's distribution under the same
+temperature/top-k/top-p as the target's p (the target's recurrent state on hybrid targets is the
+engine's business).
 """
 
 from __future__ import annotations
@@ -26,93 +18,32 @@ import itertools
 import torch
 
 from draftsmith.decoding.sampling import SamplingParams, draft_generator, target_probs
-from draftsmith.drafters.base import Draft, FactoryBase
-from draftsmith.drafters.mtp import MTPCache, MTPHead, load_head
+from draftsmith.drafters.base import FactoryBase
+from draftsmith.drafters.draft_kv import causal_mask
+from draftsmith.drafters.feature_chain import FeatureChainDrafter
+from draftsmith.drafters.mtp import MTPHead, load_head
 from draftsmith.target.model import FINAL_HIDDEN
 from draftsmith.target.packed import use_fast_linear
 
 
-class MTPDrafter:
+class MTPDrafter(FeatureChainDrafter):
     def __init__(self, factory: MTPFactory, sampling: SamplingParams, gen: torch.Generator) -> None:
-        self.f = factory
-        self.sampling = None if sampling.greedy else sampling  # None: argmax drafts
+        p = next(factory.head.parameters())
+        super().__init__(factory.needs_features, sampling, gen, p.device, p.dtype)
         self.head: MTPHead = factory.head
-        self.needs_features = factory.needs_features
-        p = next(self.head.parameters())
-        self.device, self.dtype = p.device, p.dtype
-        self.cache = MTPCache()
-        self.feats: list[torch.Tensor] = []  # unpaired target states h_t, each [H]
-        self.tokens: list[int] = []  # unpaired tokens x_{t+1}
-        self.length = 0  # positions with real (paired) keys/values
-        self.last: tuple[torch.Tensor, torch.Tensor] | None = None  # (logits [V], h' [H]) at the frontier
-        self.gen = gen
 
-    def start(self, prompt_ids: list[int], features: torch.Tensor | None) -> None:
-        self.tokens = list(prompt_ids[1:])
-        self._add(features)
-        self._advance()
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        return features[:, 0]  # [n, 1, H] -> [n, H]
 
-    def commit(self, accepted_ids: list[int], features: torch.Tensor | None) -> None:
-        self.tokens.extend(accepted_ids)
-        self._add(features)
-        self._advance()
+    def run(self, ids: torch.Tensor, hidden: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        q = ids.shape[1]
+        self.kv.start = start
+        pos = torch.arange(start, start + q, device=self.device)[None]
+        logits, h = self.head(ids, hidden, pos, self.kv, causal_mask(start, q, self.device))
+        return logits[0, -1], h[0, -1]
 
-    def _add(self, features: torch.Tensor | None) -> None:
-        if features is not None and features.shape[0]:
-            self.feats.extend(features[:, 0].to(self.device, self.dtype).unbind(0))  # [n, 1, H] -> n x [H]
-
-    @torch.inference_mode()
-    def _advance(self) -> None:
-        n = min(len(self.feats), len(self.tokens))
-        if n == 0:
-            return
-        self.cache.start = self.length
-        logits, h = self.head(
-            torch.tensor([self.tokens[:n]], device=self.device),
-            torch.stack(self.feats[:n])[None],
-            torch.arange(self.length, self.length + n, device=self.device)[None],
-            self.cache,
-            _causal_mask(self.length, n, self.device),
-        )
-        self.length += n
-        del self.feats[:n], self.tokens[:n]
-        self.last = (logits[0, -1], h[0, -1])
-
-    @torch.inference_mode()
-    def propose(self, k: int) -> Draft:
-        if self.last is None or k <= 0:
-            return Draft(tokens=[])
-        logits, h = self.last
-        tokens: list[int] = []
-        qs: list[torch.Tensor] = []
-        for i in range(k):
-            if self.sampling is not None:
-                q = target_probs(logits, self.sampling).cpu()
-                tokens.append(int(torch.multinomial(q, 1, generator=self.gen)))
-                qs.append(q)
-            else:
-                tokens.append(int(logits.argmax()))
-            if i == k - 1:
-                break
-            pos = self.length + i
-            self.cache.start = pos
-            out_logits, out_h = self.head(
-                torch.tensor([[tokens[-1]]], device=self.device),
-                h[None, None],
-                torch.tensor([[pos]], device=self.device),
-                self.cache,
-            )
-            logits, h = out_logits[0, -1], out_h[0, -1]
-        return Draft(tokens=tokens, probs=torch.stack(qs) if qs else None)
-
-
-def _causal_mask(past: int, q: int, device) -> torch.Tensor | None:
-    """[1, 1, q, past + q] bool; None where the kernel's own default is already right."""
-    if past == 0 or q == 1:
-        return None  # empty cache: plain causal; one query: every key up to it is visible
-    keys = torch.arange(past + q, device=device)
-    rows = past + torch.arange(q, device=device)
-    return (keys[None, :] <= rows[:, None])[None, None]
+    def draft_probs(self, logits: torch.Tensor) -> torch.Tensor:
+        return target_probs(logits, self.sampling)
 
 
 class MTPFactory(FactoryBase):

@@ -5,7 +5,8 @@ head for a target without one (Llama) lowers the loss."""
 import torch
 from tiny import tiny_target
 
-from draftsmith.drafters.mtp import MTPCache, build_head
+from draftsmith.drafters.draft_kv import DraftKV
+from draftsmith.drafters.mtp import build_head
 from draftsmith.train.mtp_objective import count_positions, mtp_loss
 
 
@@ -40,7 +41,7 @@ def test_unrolled_step_matches_chain_drafting():
     res = mtp_loss(head, ids, torch.ones_like(ids), hidden, logits, steps=3, return_logits=True)
     row, t = 1, 6
     with torch.no_grad():
-        cache = MTPCache()
+        cache = DraftKV()
         _, h = head(
             ids[row : row + 1, 1 : t + 2], hidden[row : row + 1, : t + 1], torch.arange(t + 1)[None], cache
         )
