@@ -15,6 +15,9 @@
 - `llamacpp`: llama.cpp through `llama-cpp-python`, on the GGUF the target was converted from (for
   the embedded SmolLM2 a Q4_1 file, so its tokens differ from ours: different weights, not a bug).
 - `llamacpp-lookup`: the same with llama-cpp-python's prompt-lookup drafter (10 tokens a draft).
+- `vllm-plain`, `vllm-ngram`, `vllm-eagle3`, `vllm-dflash` (`vllm` means all four): vLLM's CPU build
+  from its own venv in a subprocess, with the bench's EAGLE-3 / DFlash methods exported on the fly
+  (`vllm_peer.py`). Their answers also carry verification steps and vLLM's acceptance counters.
 
 Timing follows our engine: the first generated token belongs to prefill, so `prefill_s` is the
 time to the first token and `decode_s` the time from the first token to the last; decode tok/s is
@@ -43,9 +46,10 @@ from draftsmith.errors import UserError
 from draftsmith.target.model import Target
 from draftsmith.target.packed import stock_linear
 
-PEERS = ("hf", "hf-assisted", "llamacpp", "llamacpp-lookup")
+VLLM_PEERS = ("vllm-plain", "vllm-ngram", "vllm-eagle3", "vllm-dflash")  # run by vllm_peer.py
+PEERS = ("hf", "hf-assisted", "llamacpp", "llamacpp-lookup", *VLLM_PEERS)
 # A name on the command line that stands for several peers.
-_GROUPS = {"llamacpp": ("llamacpp", "llamacpp-lookup"), "all": PEERS}
+_GROUPS = {"llamacpp": ("llamacpp", "llamacpp-lookup"), "vllm": VLLM_PEERS, "all": PEERS}
 LOOKUP_TOKENS = 10  # draft length of both prompt-lookup peers
 
 
@@ -63,7 +67,7 @@ def expand_peers(spec: str) -> list[str]:
         if part not in PEERS and part not in _GROUPS:
             raise UserError(
                 f"unknown peer '{part}': use a comma-separated list of {', '.join(PEERS)} "
-                "(llamacpp means both llama.cpp peers; all means every peer)"
+                "(llamacpp means both llama.cpp peers, vllm the four vLLM ones; all means every peer)"
             )
         for name in _GROUPS.get(part, (part,)):
             if name not in names:
@@ -87,6 +91,8 @@ class PeerResult:
     decode_s: float  # time from the first token to the last
     new_tokens: int
     decode_tokens: int  # tokens that arrived after the first token event
+    steps: int | None = None  # verification steps, where the peer reports them (vLLM)
+    spec: dict | None = None  # the peer's own acceptance counters over this prompt (vLLM)
 
     @property
     def decode_tok_s(self) -> float:
@@ -101,6 +107,10 @@ def peer_available(name: str, target: Target) -> str | None:
         # transformers refuses: it rolls back a rejected draft by cropping the cache, and recurrent
         # state cannot be cropped.
         return "transformers assisted generation does not support stateful (linear-attention) models"
+    if name in VLLM_PEERS:
+        from draftsmith.bench.vllm_peer import vllm_available
+
+        return vllm_available(target)
     if name.startswith("llamacpp"):
         if target.gguf_path is None:
             return "target has no GGUF file"

@@ -11,17 +11,21 @@ costs the same at any k), and `--k` is the default for the others.
 
 The `hf-assisted` peer drafts with the first `draft:PATH` method's model and k when there is one
 (the model our drafter loaded, so both engines draft with the same weights), else prompt lookup.
+The `vllm-eagle3` / `vllm-dflash` peers take the first `eagle3:PATH` / `dflash:PATH` method and its
+k, exported on the fly; `vllm-ngram` drafts `--k` tokens (`vllm_peer.py`).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from tqdm import tqdm
 
-from draftsmith.bench.peers import Assistant, Peer, PeerResult, peer_available
+from draftsmith.bench.peers import VLLM_PEERS, Assistant, Peer, PeerResult, peer_available
 from draftsmith.decoding.engine import DecodeStats, Result, generate
 from draftsmith.decoding.sampling import SamplingParams
 from draftsmith.drafters import registry
@@ -41,6 +45,8 @@ class MethodTally:
     decode_tokens: int = 0  # the first token of each answer comes from prefill, so it is not here
     prefill_s: float = 0.0
     decode_s: float = 0.0
+    peer_steps: int = 0  # verification steps a peer reported (vLLM)
+    peer_spec: dict | None = None  # a peer's own acceptance counters, summed (vLLM)
 
     def add_engine(self, res: Result) -> None:
         self.stats.merge(res.stats)
@@ -51,6 +57,10 @@ class MethodTally:
         self.decode_s += res.stats.decode_s
 
     def add_peer(self, res: PeerResult) -> None:
+        from draftsmith.bench.vllm_peer import add_counters
+
+        self.peer_steps += res.steps or 0
+        self.peer_spec = add_counters(self.peer_spec, res.spec)
         self.outputs.append(res.token_ids)
         self.new_tokens += res.new_tokens
         self.decode_tokens += res.decode_tokens
@@ -91,19 +101,81 @@ def run_bench(
     parsed = {m: method_k(m, k) for m in methods}
     ks = {m: mk for m, (_, mk) in parsed.items()}
     factories = {m: registry.build(spec) for m, (spec, _) in parsed.items()}
-    peer_objs: dict[str, Peer] = {}
+    peer_objs: dict = {}  # name -> Peer or VllmPeer
     skipped: dict[str, str] = {}
     # Lookup peers evaluate a whole draft past the last token, so leave room beyond the budget.
     max_context = max(len(p) for p in prompts) + max_new_tokens + 64
-    for name in peers:
-        reason = peer_available(name, target)
-        if reason:
-            skipped[name] = reason
-            log(f"peer {name} skipped: {reason}")
-        else:
-            assistant = _assistant(parsed, factories, target, sampling) if name == "hf-assisted" else None
-            peer_objs[name] = Peer(name, target, max_context, assistant=assistant)
+    with tempfile.TemporaryDirectory(prefix="draftsmith-bench-") as workdir:
+        try:
+            for name in peers:
+                reason = peer_available(name, target)
+                if not reason and name in VLLM_PEERS:
+                    reason, peer = _vllm_peer(
+                        name, parsed, k, target, max_context, sampling, Path(workdir), log
+                    )
+                    if peer is not None:
+                        peer_objs[name] = peer
+                elif not reason:
+                    assistant = (
+                        _assistant(parsed, factories, target, sampling) if name == "hf-assisted" else None
+                    )
+                    peer_objs[name] = Peer(name, target, max_context, assistant=assistant)
+                if reason:
+                    skipped[name] = reason
+                    log(f"peer {name} skipped: {reason}")
+            return _measure(
+                target,
+                prompts,
+                methods=methods,
+                ks=ks,
+                factories=factories,
+                peer_objs=peer_objs,
+                skipped=skipped,
+                sampling=sampling,
+                k=k,
+                max_new_tokens=max_new_tokens,
+                workload=workload,
+                progress=progress,
+                log=log,
+            )
+        finally:
+            for p in peer_objs.values():
+                if hasattr(p, "close"):
+                    p.close()
 
+
+def _vllm_peer(name, parsed, k, target, max_context, sampling, workdir: Path, log):
+    """(None, a started VllmPeer) or (the reason it cannot run, None)."""
+    from draftsmith.bench.vllm_peer import VllmPeer, speculative_config, target_folder
+
+    try:
+        spec = speculative_config(name, parsed, k, workdir, verifier=target_folder(target))
+    except UserError as e:
+        return str(e), None
+    log(f"peer {name}: starting vLLM (a minute or more)")
+    try:
+        return None, VllmPeer(name, target, max_context, spec, seed=sampling.seed or 0)
+    except RuntimeError as e:
+        return f"failed to start: {str(e).splitlines()[0][:200]}", None
+
+
+def _measure(
+    target: Target,
+    prompts: list[list[int]],
+    *,
+    methods: list[str],
+    ks: dict[str, int],
+    factories: dict,
+    peer_objs: dict,
+    skipped: dict[str, str],
+    sampling: SamplingParams,
+    k: int,
+    max_new_tokens: int,
+    workload: str,
+    progress: bool,
+    log: Callable[[str], None],
+) -> dict:
+    """Warm every engine up, then for each prompt run every method and peer back to back."""
     # Warm-up: first calls pay for allocator growth and lazy initialisation in every engine.
     for m, f in factories.items():
         generate(target, f, prompts[:1], k=ks[m], sampling=sampling, max_new_tokens=8)
@@ -124,6 +196,8 @@ def run_bench(
             except Exception as e:  # a peer's own failure is reported, not fatal to our measurement
                 skipped[name] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
                 log(f"peer {name} {skipped[name]}")
+                if hasattr(p, "close"):
+                    p.close()
                 del peer_objs[name], tallies[name]
             bar.update()
     bar.close()
@@ -151,6 +225,12 @@ def run_bench(
         }
         if is_peer and peer_objs[name].assistant_name is not None:
             run.update(assistant=peer_objs[name].assistant_name, k=peer_objs[name].draft_k)
+        if is_peer and name in VLLM_PEERS:
+            from draftsmith.bench.vllm_peer import spec_summary
+
+            p = peer_objs[name]
+            run.update(spec_summary(t.peer_steps, t.decode_tokens, t.peer_spec))
+            run.update(engine=f"vllm {p.version}", load_s=p.load_s, speculative_config=p.spec_config)
         if not is_peer:
             run.update(
                 k=ks[name] if name != registry.AR else 0,

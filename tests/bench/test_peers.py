@@ -33,9 +33,9 @@ def test_expand_peers():
 
 def test_expand_peers_unknown_names_valid_ones():
     with pytest.raises(UserError) as e:
-        expand_peers("hf,vllm")
+        expand_peers("hf,sglang")
     msg = str(e.value)
-    assert "'vllm'" in msg and all(name in msg for name in PEERS)
+    assert "'sglang'" in msg and all(name in msg for name in PEERS)
 
 
 # ---------------------------------------------------------------- transformers peers
