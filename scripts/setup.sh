@@ -3,6 +3,7 @@
 #
 #   bash scripts/setup.sh            # package, dev tools, embedded target and datasets
 #   bash scripts/setup.sh --peers    # also llama-cpp-python (compiled here, ~10 min on 2 cores)
+#   bash scripts/setup.sh --vllm     # also vLLM's CPU build in .peers/vllm (bench --peers vllm; ~4-16 min)
 #
 # torch is installed first at 2.13.0 when missing: on these machines that pin takes the CPU build
 # that lies on disk, where a bare `torch` requirement would pull a multi-GB CUDA build.
@@ -12,10 +13,12 @@ repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "${repo_root}"
 python_bin="${PYTHON:-python3}"
 with_peers=0
+with_vllm=0
 for arg in "$@"; do
     case "${arg}" in
         --peers) with_peers=1 ;;
-        *) echo "error: unknown option ${arg}: use --peers or nothing" >&2; exit 2 ;;
+        --vllm) with_vllm=1 ;;
+        *) echo "error: unknown option ${arg}: use --peers, --vllm or nothing" >&2; exit 2 ;;
     esac
 done
 
@@ -35,11 +38,12 @@ if ! command -v chromium >/dev/null && command -v apt-get >/dev/null; then
 fi
 
 if [[ "${with_peers}" == 1 ]]; then
-    # A native build of llama.cpp crashed in decode on these CPUs (AMX): build without it. AVX512
-    # only where the CPU has it (an AVX512 build dies with an illegal instruction on AVX2-only CPUs).
-    avx512=OFF
-    grep -qw avx512f /proc/cpuinfo 2>/dev/null && avx512=ON
-    .venv/bin/python -c "import llama_cpp" 2>/dev/null || CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON \
--DGGML_AVX512=${avx512} -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF" "${pip[@]}" "llama-cpp-python>=0.3"
+    # Built without AMX (a native build crashed in decode here) and with each other instruction set
+    # only where this CPU has it (an AVX512 build dies with an illegal instruction on AVX2-only CPUs).
+    .venv/bin/python -c "import llama_cpp" 2>/dev/null \
+        || CMAKE_ARGS="$(bash scripts/llama_cpp_flags.sh)" "${pip[@]}" "llama-cpp-python>=0.3"
+fi
+if [[ "${with_vllm}" == 1 ]]; then
+    bash scripts/peer_venv.sh vllm  # its own venv: vLLM's pins differ from ours
 fi
 echo "draftsmith is set up in ${repo_root}/.venv"

@@ -31,8 +31,7 @@ def venv_python(name: str) -> Path:
     """The python of .peers/NAME; skips the calling test when that venv is absent."""
     python = PEERS / name / "bin" / "python"
     if not python.exists():
-        light = " --light" if name in ("speculators", "dflash") else ""
-        pytest.skip(f"no .peers/{name} venv: bash scripts/check_exports.sh{light} --venvs-only creates it")
+        pytest.skip(f"no .peers/{name} venv: bash scripts/peer_venv.sh {name} creates it")
     return python
 
 
