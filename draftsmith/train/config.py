@@ -17,10 +17,6 @@ class TrainConfig:
     lr: float = 1e-4
     batch_tokens: int = 4096
     max_len: int = 2048
-    ttt_steps: int = 7
-    draft_vocab: int = 32000
-    head_init: str = "random"  # EAGLE-3: "random" or "target" (the target's LM head rows)
-    attn_init: str = "token"  # EAGLE-3: "token" (`eagle3_init.token_attention`) or "random"
     warmup_ratio: float = 0.04
     grad_clip: float = 0.5
     eval_every: int = 200  # 0: only at the end of a run
@@ -41,8 +37,17 @@ class TrainConfig:
     progress: bool = True
     command: str = ""
     extra: dict = field(default_factory=dict)  # anything else to record in draftsmith.json
-    method: str = "eagle3"  # or "dflash", "mtp"
+    method: str = "eagle3"  # a key of `trainer.METHODS`: eagle3, dflash, mtp, draft-lm
     features: str | None = None  # an offline feature store (`draftsmith data features`); None = online
+    # random, or the folder of a trained draft to continue; MTP also: last_layer, native (the target's own head)
+    init: str = "random"
+    # Method-specific settings: each method reads its own and checks them (`check`), and lists the
+    # ones a checkpoint resumes under in its `fingerprint`.
+    # EAGLE-3 (ttt_steps also MTP: the unrolled steps trained)
+    ttt_steps: int = 7
+    draft_vocab: int = 32000
+    head_init: str = "random"  # "random" or "target" (the target's LM head rows)
+    attn_init: str = "token"  # "token" (`eagle3_init.token_attention`) or "random"
     # DFlash only
     block_size: int = 16
     layers: int = 5
@@ -51,13 +56,6 @@ class TrainConfig:
     target_layers: list[int] | None = None  # None: K=5 spread from 1 to L-3
     mask_token_id: int | None = None  # None: `dflash.default_mask_token_id`
     norm_init: str = "scaled"  # "scaled" (`dflash.scale_output_norm`) or "ones"
-    # MTP only
-    init: str = "random"  # random, last_layer, native (the target's own head) or a head's folder
     # draft LM only (`layers` above is its depth when `init_layers` is None)
     hidden: int | None = None  # None: the target's width, sharing its (frozen) embedding and head
     init_layers: list[int] | None = None  # copy these target layers (and the final norm) to start
-
-    @property
-    def positions(self) -> int:
-        """Per-position metrics: unrolled steps (EAGLE-3, MTP), block slots B-1 (DFlash), 1 (draft LM)."""
-        return {"dflash": self.block_size - 1, "draft-lm": 1}.get(self.method, self.ttt_steps)

@@ -9,12 +9,11 @@ Knows the engine, the registry and the workloads; knows nothing of the training 
 from __future__ import annotations
 
 import tempfile
+from typing import Protocol
 
 from draftsmith.bench.workloads import load_workload
 from draftsmith.decoding.engine import DecodeStats, generate
 from draftsmith.drafters import registry
-from draftsmith.drafters.eagle3 import Eagle3Model
-from draftsmith.drafters.mtp import MTPHead, save_head
 from draftsmith.target.chat import encode_messages
 from draftsmith.target.model import Target
 
@@ -26,24 +25,26 @@ def eval_prompts(target: Target, workload: str, n: int, max_new_tokens: int, k: 
     return [p for p in prompts if 0 < len(p) <= room]
 
 
+class Savable(Protocol):
+    """A draft as a method exports it: `save(dir)` writes the folder its drafter loads."""
+
+    def save(self, path, extra: dict | None = None) -> None: ...
+
+
 def measure_tau(
     target: Target,
-    model: Eagle3Model | MTPHead,
+    draft: Savable,
     prompts: list[list[int]],
     k: int,
     max_new_tokens: int,
     drafter: str = "eagle3",
 ) -> float:
-    """Mean tokens per verify step over the prompts (one batch), at temperature 0. `model` is any
-    draft model with `save(dir)`, or an MTP head; `drafter` names the registry entry that loads it
-    back."""
+    """Mean tokens per verify step over the prompts (one batch), at temperature 0; `drafter` names
+    the registry entry that loads `draft` back."""
     if not prompts:
         return float("nan")
     with tempfile.TemporaryDirectory(prefix="draftsmith-eval-") as d:
-        if isinstance(model, MTPHead):  # the head's files are Qwen's mtp.* layout, beside the config
-            save_head(model, d, target.config)
-        else:
-            model.save(d)
+        draft.save(d)
         results = generate(
             target, registry.build(f"{drafter}:{d}"), prompts, k=k, max_new_tokens=max_new_tokens
         )

@@ -9,9 +9,10 @@ gradients summed over ranks, clipping, AdamW at the scheduled learning rate -> m
 held-out tau every `eval_every` steps (the real engine), atomic checkpoint every `save_every` steps
 and at the end.
 
-What differs between drafters lives in one small class each, in `train/methods/` (`METHODS`):
-its `fingerprint` (the settings a checkpoint resumes under), the `drafter` that loads its folder,
-how the `model` is built, one step's `forward_backward`, and `export`/`info` for the saved folder.
+What differs between drafters lives in one small class each, in `train/methods/` (`METHODS`,
+the interface `methods.TrainingMethod`): its settings checks and `fingerprint` (the settings a
+checkpoint resumes under), the `drafter` that loads its folder, how the `model` is built, one
+step's `forward_backward`, and `export`/`info` for the saved folder.
 All report S per-position numbers (EAGLE-3 and MTP: the unrolled steps; DFlash: the B-1 block slots; a draft LM: one, its
 teacher-forced next-token agreement) in the same metrics layout.
 
@@ -51,7 +52,7 @@ from draftsmith.errors import UserError
 from draftsmith.machine import auto_dtype
 from draftsmith.target.model import load_target, parse_device, parse_dtype
 from draftsmith.train import checkpoint, distributed
-from draftsmith.train.config import MTP_INITS, TrainConfig  # noqa: F401 (TrainConfig: callers import it here)
+from draftsmith.train.config import TrainConfig  # noqa: F401 (callers import it here)
 from draftsmith.train.data import (
     load_conversations,
     plan_batches,
@@ -60,13 +61,19 @@ from draftsmith.train.data import (
 )
 from draftsmith.train.evaluate import eval_prompts, measure_tau
 from draftsmith.train.heldout import heldout_batches, score
+from draftsmith.train.methods import TrainingMethod
 from draftsmith.train.methods.dflash import DFlashMethod
 from draftsmith.train.methods.draft_lm import DraftLMMethod
 from draftsmith.train.methods.eagle3 import Eagle3Method
 from draftsmith.train.methods.mtp import MTPMethod
 
 # --method -> how it builds, steps and saves its draft
-METHODS = {"eagle3": Eagle3Method, "dflash": DFlashMethod, "mtp": MTPMethod, "draft-lm": DraftLMMethod}
+METHODS: dict[str, type[TrainingMethod]] = {
+    "eagle3": Eagle3Method,
+    "dflash": DFlashMethod,
+    "mtp": MTPMethod,
+    "draft-lm": DraftLMMethod,
+}
 
 
 def lr_at(step: int, total: int, warmup: int, base: float) -> float:
@@ -119,9 +126,9 @@ def train_draft_lm(cfg: TrainConfig) -> dict:
 def train(cfg: TrainConfig) -> dict:
     _check_args(cfg)
     records = load_conversations(cfg.data)
-    keys = METHODS[cfg.method].fingerprint
-    fingerprint = {k: getattr(cfg, k) for k in keys} | {"data_sha256": _digest(cfg.data)}
-    if cfg.method in ("eagle3", "dflash", "draft-lm") and cfg.init != "random":
+    kind = METHODS[cfg.method]
+    fingerprint = {k: getattr(cfg, k) for k in kind.fingerprint} | {"data_sha256": _digest(cfg.data)}
+    if kind.init_is_folder and cfg.init != "random":
         cfg.init = str(Path(cfg.init).resolve())
         # Only when set, so checkpoints written before `--init` existed still resume.
         fingerprint["init"] = cfg.init
@@ -149,6 +156,7 @@ def _train(cfg: TrainConfig, records: list[dict], fingerprint: dict, world: dist
     lengths = [len(ex.input_ids) for ex in examples]
     torch.manual_seed(cfg.seed)
     method = METHODS[cfg.method](cfg, target, examples, world)
+    positions = method.positions(cfg)  # S per-position numbers in every metric
     model = method.model
     # The target's embedding is not among them: it is frozen (a draft LM holds it, not training it).
     params = [p for p in model.parameters() if p.requires_grad]
@@ -158,8 +166,13 @@ def _train(cfg: TrainConfig, records: list[dict], fingerprint: dict, world: dist
     warmup = max(1, math.ceil(cfg.warmup_ratio * total)) if cfg.warmup_ratio > 0 else 0
     stop = min(total, cfg.max_steps) if cfg.max_steps else total
     save_every = cfg.eval_every if cfg.save_every is None else cfg.save_every
-    k_eval = cfg.eval_k or cfg.positions
-    drafter = method.drafter  # the registry name that loads the saved folder
+    k_eval = cfg.eval_k or positions
+    # Engine tau of the draft as it stands, saved as the method saves a finished one (in the dtype
+    # it trains in) and loaded back by its drafter's registry name.
+    train_dtype = next(model.parameters()).dtype
+    tau = lambda: measure_tau(  # noqa: E731
+        target, method.export(train_dtype), prompts, k_eval, cfg.eval_max_new_tokens, method.drafter
+    )
     autocast = torch.autocast(world.device.type, dtype=torch.bfloat16, enabled=cfg.dtype == "bfloat16")
 
     # ---- resume: weights, optimizer, RNG, data position, metrics -------------------------------
@@ -193,7 +206,7 @@ def _train(cfg: TrainConfig, records: list[dict], fingerprint: dict, world: dist
             target.tokenizer, load_conversations(cfg.eval_data), cfg.max_len, progress=False
         )
         held_batches = heldout_batches([len(ex.input_ids) for ex in held], cfg.batch_tokens)
-        heldout = lambda: score(method, held, held_batches, cfg.positions, autocast)  # noqa: E731
+        heldout = lambda: score(method, held, held_batches, positions, autocast)  # noqa: E731
     # Seconds the last evaluation and the last save took: a time-budgeted run keeps them in reserve,
     # so that its final evaluation and save end within the budget rather than after it.
     eval_s = save_s = 0.0
@@ -201,14 +214,7 @@ def _train(cfg: TrainConfig, records: list[dict], fingerprint: dict, world: dist
     if heldout is not None and "heldout_start" not in state:
         state["heldout_start"] = heldout()  # where the draft stood before this run's first step
     if prompts and cfg.eval_at_start and "tau_start" not in state:
-        state["tau_start"] = measure_tau(
-            target,
-            model,
-            prompts,
-            k_eval,
-            cfg.eval_max_new_tokens,
-            drafter=drafter,
-        )
+        state["tau_start"] = tau()
     eval_s = time.perf_counter() - t_eval
     period = 60.0 * cfg.eval_every_minutes if cfg.eval_every_minutes else None
     next_eval = (math.floor(state["wall_time_s"] / period) + 1) * period if period else math.inf
@@ -249,7 +255,7 @@ def _train(cfg: TrainConfig, records: list[dict], fingerprint: dict, world: dist
         dt = last_dt = time.perf_counter() - t0
 
         # ---- metrics, held-out tau, checkpoint (rank 0) ----------------------------------------
-        S = cfg.positions
+        S = positions
         correct, counts, tokens = g[1 + S : 1 + 2 * S], g[1 + 2 * S : 1 + 3 * S], int(g[-1])
         state["tokens_seen"] += tokens
         state["wall_time_s"] = wall_before + time.perf_counter() - began
@@ -274,14 +280,7 @@ def _train(cfg: TrainConfig, records: list[dict], fingerprint: dict, world: dist
             next_eval = (math.floor(state["wall_time_s"] / period) + 1) * period
         t_eval = time.perf_counter()
         if main and prompts and evaluate:
-            state["tau"] = rec["tau"] = measure_tau(
-                target,
-                model,
-                prompts,
-                k_eval,
-                cfg.eval_max_new_tokens,
-                drafter=drafter,
-            )
+            state["tau"] = rec["tau"] = tau()
         if heldout is not None and evaluate:
             rec |= heldout()
             state["heldout"] = {k: rec[k] for k in ("heldout_loss", "heldout_acc")}
@@ -378,37 +377,7 @@ def _check_args(cfg: TrainConfig) -> None:
         raise UserError(f"--eval-every-minutes {cfg.eval_every_minutes} must be positive")
     if cfg.eval_k is not None and cfg.eval_k <= 0:
         raise UserError(f"--eval-k {cfg.eval_k} must be positive")
-    if cfg.method in ("eagle3", "dflash") and cfg.init != "random" and not Path(cfg.init).is_dir():
-        kind = {"eagle3": "EAGLE-3", "dflash": "DFlash"}[cfg.method]
-        raise UserError(f"--init {cfg.init}: give random or the folder of a trained {kind} speculator")
-    if cfg.method == "mtp" and cfg.init not in MTP_INITS and not Path(cfg.init).is_dir():
-        raise UserError(
-            f"--init {cfg.init}: give random, last_layer, native, or a folder holding an MTP head "
-            "(mtp.* tensors)"
-        )
-    if cfg.method == "draft-lm":
-        if cfg.init_layers is not None:
-            bad = [i for i in cfg.init_layers if i < 0]
-            if not cfg.init_layers or bad:
-                raise UserError(
-                    f"--init-from-target-layers {cfg.init_layers}: give target layer ids 0, 1, ... "
-                    "separated by commas"
-                )
-        elif cfg.layers <= 0:
-            raise UserError(f"--layers {cfg.layers} must be positive")
-        if cfg.hidden is not None and cfg.hidden <= 0:
-            raise UserError(f"--hidden {cfg.hidden} must be positive")
-        if cfg.hidden is not None and cfg.init_layers:
-            raise UserError(
-                "--hidden and --init-from-target-layers exclude each other: copied layers "
-                "have the target's width"
-            )
-    if cfg.method == "dflash":
-        if cfg.block_size < 2:
-            raise UserError(f"--block-size {cfg.block_size} must be at least 2 (one token to draft)")
-        for flag, v in {"--layers": cfg.layers, "--anchors": cfg.anchors, "--gamma": cfg.gamma}.items():
-            if not v > 0:
-                raise UserError(f"{flag} {v} must be positive")
+    METHODS[cfg.method].check(cfg)
 
 
 def _check_out(cfg: TrainConfig, fingerprint: dict) -> None:

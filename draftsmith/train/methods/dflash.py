@@ -3,6 +3,8 @@ features, random anchors per packed row (`train/dflash_objective.py`)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from draftsmith.drafters import dflash
@@ -30,6 +32,23 @@ class DFlashMethod:
         "anchors", "gamma", "target_layers", "mask_token_id", "warmup_ratio", "grad_clip", "seed",
     )  # fmt: skip
     drafter = "dflash"  # the registry name that loads the saved folder
+    init_is_folder = True  # `--init` other than random names a speculator to continue
+
+    @staticmethod
+    def positions(cfg: TrainConfig) -> int:
+        """Per-position metrics: one per block slot after the anchor."""
+        return cfg.block_size - 1
+
+    @staticmethod
+    def check(cfg: TrainConfig) -> None:
+        """This method's user errors, before any work."""
+        if cfg.init != "random" and not Path(cfg.init).is_dir():
+            raise UserError(f"--init {cfg.init}: give random or the folder of a trained DFlash speculator")
+        if cfg.block_size < 2:
+            raise UserError(f"--block-size {cfg.block_size} must be at least 2 (one token to draft)")
+        for flag, v in {"--layers": cfg.layers, "--anchors": cfg.anchors, "--gamma": cfg.gamma}.items():
+            if not v > 0:
+                raise UserError(f"{flag} {v} must be positive")
 
     def __init__(self, cfg: TrainConfig, target, examples, world) -> None:
         self.cfg, self.target, self.world = cfg, target, world

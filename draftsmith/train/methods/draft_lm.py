@@ -36,6 +36,30 @@ class DraftLMMethod:
         "warmup_ratio", "grad_clip", "seed",
     )  # fmt: skip
     drafter = "draft"  # the registry name that loads the saved folder
+    init_is_folder = True  # `--init` other than random names a draft LM to continue
+
+    @staticmethod
+    def positions(cfg: TrainConfig) -> int:
+        """Per-position metrics: one, the teacher-forced next-token agreement."""
+        return 1
+
+    @staticmethod
+    def check(cfg: TrainConfig) -> None:
+        """This method's user errors, before any work."""
+        if cfg.init_layers is not None:
+            if not cfg.init_layers or any(i < 0 for i in cfg.init_layers):
+                raise UserError(
+                    f"--init-from-target-layers {cfg.init_layers}: give target layer ids 0, 1, ... "
+                    "separated by commas"
+                )
+        elif cfg.layers <= 0:
+            raise UserError(f"--layers {cfg.layers} must be positive")
+        if cfg.hidden is not None and cfg.hidden <= 0:
+            raise UserError(f"--hidden {cfg.hidden} must be positive")
+        if cfg.hidden is not None and cfg.init_layers:
+            raise UserError(
+                "--hidden and --init-from-target-layers exclude each other: copied layers have the target's width"
+            )
 
     def __init__(self, cfg: TrainConfig, target, examples, world) -> None:
         self.cfg, self.target, self.world = cfg, target, world

@@ -3,9 +3,12 @@ outputs (`train/eagle3_objective.py`); `--init` continues a trained speculator w
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from draftsmith.drafters.eagle3 import Eagle3Model, feature_layers, load_eagle3, make_config
+from draftsmith.errors import UserError
 from draftsmith.train import distributed
 from draftsmith.train.config import TrainConfig
 from draftsmith.train.data import (
@@ -25,6 +28,18 @@ class Eagle3Method:
         "draft_vocab", "warmup_ratio", "grad_clip", "seed", "head_init",
     )  # fmt: skip
     drafter = "eagle3"  # the registry name that loads the saved folder
+    init_is_folder = True  # `--init` other than random names a speculator to continue
+
+    @staticmethod
+    def positions(cfg: TrainConfig) -> int:
+        """Per-position metrics: one per unrolled TTT step."""
+        return cfg.ttt_steps
+
+    @staticmethod
+    def check(cfg: TrainConfig) -> None:
+        """This method's user errors, before any work."""
+        if cfg.init != "random" and not Path(cfg.init).is_dir():
+            raise UserError(f"--init {cfg.init}: give random or the folder of a trained EAGLE-3 speculator")
 
     def __init__(self, cfg: TrainConfig, target, examples, world) -> None:
         self.cfg, self.target, self.world = cfg, target, world

@@ -3,12 +3,15 @@ fine-tuned on regenerated data (`train/mtp_objective.py`)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from draftsmith.drafters.mtp import build_head, load_head, save_head
+from draftsmith.errors import UserError
 from draftsmith.target.model import FINAL_HIDDEN
 from draftsmith.train import distributed
-from draftsmith.train.config import TrainConfig
+from draftsmith.train.config import MTP_INITS, TrainConfig
 from draftsmith.train.data import (
     pack,
 )
@@ -28,6 +31,21 @@ class MTPMethod:
         "warmup_ratio", "grad_clip", "seed",
     )  # fmt: skip
     drafter = "mtp"  # the registry name that loads the saved folder
+    init_is_folder = False  # `--init` is also random, last_layer or native; it is in the fingerprint
+
+    @staticmethod
+    def positions(cfg: TrainConfig) -> int:
+        """Per-position metrics: one per unrolled step."""
+        return cfg.ttt_steps
+
+    @staticmethod
+    def check(cfg: TrainConfig) -> None:
+        """This method's user errors, before any work."""
+        if cfg.init not in MTP_INITS and not Path(cfg.init).is_dir():
+            raise UserError(
+                f"--init {cfg.init}: give random, last_layer, native, or a folder holding an MTP head "
+                "(mtp.* tensors)"
+            )
 
     def __init__(self, cfg: TrainConfig, target, examples, world) -> None:
         self.cfg, self.target, self.world = cfg, target, world
