@@ -23,14 +23,14 @@ done
 
 if [[ "${light}" == 1 ]]; then
     bash scripts/peer_venv.sh speculators dflash
-    .venv/bin/python -m pytest tests/ecosystem -q -rs
+    .venv/bin/python -m pytest tests/ecosystem -q -rs -m "slow or not slow"
     exit 0
 fi
 bash scripts/peer_venv.sh speculators dflash vllm
 results=benchmarks/results/ecosystem.json
 rm -f "${results}"
 status=0
-DRAFTSMITH_CHECK_VLLM=1 DRAFTSMITH_ECOSYSTEM_RESULTS="${results}" .venv/bin/python -m pytest tests/ecosystem -q -rs \
+DRAFTSMITH_CHECK_VLLM=1 DRAFTSMITH_ECOSYSTEM_RESULTS="${results}" .venv/bin/python -m pytest tests/ecosystem -q -rs -m "slow or not slow" \
     || status=$?
 .venv/bin/python tests/ecosystem/table.py "${results}" > "${results%.json}.txt"  # failures show as "no"
 cat "${results%.json}.txt"

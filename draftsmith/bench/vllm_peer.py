@@ -163,6 +163,7 @@ class VllmPeer:
                 return json.loads(payload)
             if kind == "ERROR":
                 raise RuntimeError(f"vLLM worker: {json.loads(payload)}")
+            self._log.write(line)  # vLLM's own logging, part of which goes to stdout
         raise RuntimeError(f"vLLM worker exited ({self._proc.wait()}): {self._log_tail()}")
 
     def _log_tail(self) -> str:

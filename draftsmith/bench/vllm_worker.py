@@ -10,7 +10,7 @@ Protocol, one JSON object a line: the worker answers `READY {"vllm": version, "l
 the engine is up, then reads requests {"prompt_ids", "max_new_tokens", "stop", "temperature",
 "top_p", "top_k", "seed"} from stdin and answers each with `RESULT {"token_ids", "prefill_s",
 "decode_s", "decode_tokens", "steps", "spec"}` (or `ERROR "message"`); end of input stops it.
-Answers carry a prefix because vLLM also prints to stdout; its logs go to stderr where it can.
+Answers carry a prefix because vLLM also logs to stdout.
 
 Timing follows draftsmith's peers: a request goes through `LLMEngine.add_request` / `step` with
 DELTA outputs, so each step that returns tokens is one target forward. `prefill_s` is add_request to

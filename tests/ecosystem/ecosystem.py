@@ -61,16 +61,20 @@ class Ours:
     steps: int
 
 
-def our_decoding(target, spec: str, prompts: list[list[int]], k: int, max_new_tokens: int) -> Ours:
-    """Plain and speculative greedy decoding with draftsmith's engine (`target` a loaded Target)."""
+def our_decoding(target, spec: str | None, prompts: list[list[int]], k: int, max_new_tokens: int) -> Ours:
+    """Plain and speculative greedy decoding with draftsmith's engine (`target` a loaded Target);
+    `spec` None: plain only (the speculative fields then repeat it)."""
     from draftsmith.decoding.engine import DecodeStats, generate
     from draftsmith.drafters import registry
 
-    factory = registry.build(spec)
+    factory = registry.build(spec) if spec else None
     plain, out = [], []
     for ids in prompts:  # one at a time, as the libraries run them
-        plain.append(generate(target, None, [ids], max_new_tokens=max_new_tokens)[0].token_ids)
-        out.append(generate(target, factory, [ids], k=k, max_new_tokens=max_new_tokens)[0])
+        plain.append(generate(target, None, [ids], max_new_tokens=max_new_tokens)[0])
+        out.append(
+            generate(target, factory, [ids], k=k, max_new_tokens=max_new_tokens)[0] if spec else plain[-1]
+        )
+    plain = [r.token_ids for r in plain]
     stats = DecodeStats.combined(r.stats for r in out)
     return Ours(
         plain=plain,

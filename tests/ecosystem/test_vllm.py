@@ -122,7 +122,7 @@ def _case(setup, tmp_path, name: str, src, fmt: str, method: str, k: int, exact_
 def test_plain_decoding_equals_ours(setup):
     target, prompts = setup
     lib, _ = _vllm(target, prompts, None)
-    ours = our_decoding(target, "ngram", prompts, k=3, max_new_tokens=MAX_NEW)  # plain is what we compare
+    ours = our_decoding(target, None, prompts, k=3, max_new_tokens=MAX_NEW)
     record(
         {
             "library": LIBRARY,
