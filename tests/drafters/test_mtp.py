@@ -17,15 +17,9 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from draftsmith.decoding.engine import DecodeStats, generate
 from draftsmith.decoding.sampling import SamplingParams
 from draftsmith.drafters import registry
-from draftsmith.drafters.mtp import (
-    build_head,
-    load_head,
-    read_mtp_tensors,
-    save_head,
-    to_checkpoint_layout,
-    to_module_layout,
-)
+from draftsmith.drafters.mtp import build_head, load_head, save_head
 from draftsmith.errors import UserError
+from draftsmith.formats.mtp_formats import read_mtp_tensors, to_checkpoint_layout, to_module_layout
 from draftsmith.target.model import FINAL_HIDDEN, Target
 
 MOE = dict(

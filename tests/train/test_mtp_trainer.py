@@ -16,7 +16,8 @@ from transformers import AutoTokenizer
 
 from draftsmith.decoding.engine import DecodeStats, generate
 from draftsmith.drafters import registry
-from draftsmith.drafters.mtp import build_head, to_checkpoint_layout
+from draftsmith.drafters.mtp import build_head
+from draftsmith.formats.mtp_formats import to_checkpoint_layout
 from draftsmith.target.model import Target, load_target
 from draftsmith.train import checkpoint
 from draftsmith.train.mtp_cli import main
