@@ -2,11 +2,13 @@
 # `draftsmith data regenerate --endpoint` against `vllm serve` (vLLM's OpenAI server, CPU build) beside
 # our own batched regeneration, on the same prompts, greedy, float32:
 #
-#   bash scripts/regen_vllm.sh [NUM] [MAX_NEW_TOKENS] [BATCH]   # defaults 8 64 8
+#   bash scripts/regen_vllm.sh [NUM] [MAX_NEW_TOKENS] [BATCH] [SPEC]   # defaults 8 64 8 none
 #
-# Needs .peers/vllm (bash scripts/setup.sh --vllm). Writes benchmarks/results/regen-vllm.json (both
-# runs' reports and how many answers are identical) and prints a line per engine. The server is
-# started here, on a free port, and stopped on exit.
+# SPEC `eagle3` serves with the shipped SmolLM2 EAGLE-3 (exported here with `draftsmith export
+# --format vllm`) as `--speculative-config`, the command the README gives. Needs .peers/vllm (bash
+# scripts/setup.sh --vllm). Writes benchmarks/results/regen-vllm[-SPEC].json (both runs' reports and
+# how many answers are identical) and prints a line per engine. The server is started here, on a
+# free port, and stopped on exit.
 set -euo pipefail
 
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -14,6 +16,7 @@ cd "${repo_root}"
 num="${1:-8}"
 max_new="${2:-64}"
 batch="${3:-8}"
+spec="${4:-none}"
 venv=.peers/vllm
 [[ -x "${venv}/bin/vllm" ]] || { echo "error: no ${venv}: run bash scripts/setup.sh --vllm" >&2; exit 2; }
 folder="$(.venv/bin/python -c "from draftsmith.target.resolve import resolve_target as r; print(r('smollm2-135m').model_path)")"
@@ -26,10 +29,20 @@ cleanup() {
 }
 trap cleanup EXIT
 
+serve_spec=()
+suffix=""
+if [[ "${spec}" == eagle3 ]]; then
+    .venv/bin/draftsmith export --format vllm --verifier "${folder}" speculators/smollm2-135m-eagle3 "${work}/eagle3" >/dev/null
+    serve_spec=(--speculative-config "{\"model\": \"${work}/eagle3\", \"method\": \"eagle3\", \"num_speculative_tokens\": 3}")
+    suffix="-eagle3"
+elif [[ "${spec}" != none ]]; then
+    echo "error: SPEC ${spec}: use none or eagle3" >&2; exit 2
+fi
 start=$(date +%s)
 VLLM_CPU_KVCACHE_SPACE=2 HF_HUB_OFFLINE=1 LD_PRELOAD="${repo_root}/${venv}/lib/libiomp5.so" \
     "${venv}/bin/vllm" serve "${folder}" --served-model-name smollm2-135m --dtype float32 \
-    --max-model-len 2048 --enforce-eager --host 127.0.0.1 --port "${port}" >"${work}/server.log" 2>&1 &
+    --max-model-len 2048 --enforce-eager --host 127.0.0.1 --port "${port}" "${serve_spec[@]}" \
+    >"${work}/server.log" 2>&1 &
 server_pid=$!
 until curl -sf "http://127.0.0.1:${port}/health" >/dev/null; do
     if ! kill -0 "${server_pid}" 2>/dev/null; then tail -5 "${work}/server.log" >&2; exit 1; fi
@@ -45,14 +58,14 @@ kill "${server_pid}"; wait "${server_pid}" 2>/dev/null || true; server_pid=""  #
 .venv/bin/draftsmith data regenerate "${common[@]}" --dtype float32 --batch-size "${batch}" \
     --out "${work}/local.jsonl"
 
-.venv/bin/python - "${work}" "${num}" "${max_new}" "${batch}" <<'EOF'
+.venv/bin/python - "${work}" "${num}" "${max_new}" "${batch}" "${spec}" "${suffix}" <<'EOF'
 import json
 import sys
 from pathlib import Path
 
 from draftsmith.machine import machine_info
 
-work, num, max_new, batch = Path(sys.argv[1]), *map(int, sys.argv[2:])
+work, (num, max_new, batch), spec, suffix = Path(sys.argv[1]), map(int, sys.argv[2:5]), *sys.argv[5:7]
 reports, answers = {}, {}
 for name in ("vllm", "local"):
     reports[name] = json.loads((work / f"{name}.jsonl.report.json").read_text())
@@ -62,12 +75,12 @@ same = sum(answers["vllm"].get(k) == v for k, v in answers["local"].items())
 out = {
     "what": "draftsmith data regenerate: --endpoint (vllm serve, vllm-cpu 0.32.0) vs local batched engine",
     "source": "sharegpt", "num": num, "max_new_tokens": max_new, "batch_or_concurrency": batch,
-    "dtype": "float32", "temperature": 0.0,
+    "dtype": "float32", "temperature": 0.0, "vllm_speculative": spec,
     "vllm": reports["vllm"]["run"], "local": reports["local"]["run"],
     "identical_answers": f"{same}/{len(answers['local'])}",
     "machine": machine_info(),
 }
-Path("benchmarks/results/regen-vllm.json").write_text(json.dumps(out, indent=1) + "\n")
+Path(f"benchmarks/results/regen-vllm{suffix}.json").write_text(json.dumps(out, indent=1) + "\n")
 for name in ("vllm", "local"):
     r = reports[name]["run"]
     print(f"{name:6s} {r['generated_tokens']} tokens in {r['seconds']} s: {r['tokens_per_s']} tok/s")

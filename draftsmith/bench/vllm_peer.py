@@ -166,9 +166,13 @@ class VllmPeer:
             self._log.write(line)  # vLLM's own logging, part of which goes to stdout
         raise RuntimeError(f"vLLM worker exited ({self._proc.wait()}): {self._log_tail()}")
 
-    def _log_tail(self) -> str:
+    def log_text(self) -> str:
+        """Everything vLLM logged so far (its stderr and the stdout lines that were not answers)."""
         self._log.flush()
-        lines = [ln for ln in self.log_path.read_text(errors="replace").splitlines() if ln.strip()]
+        return self.log_path.read_text(errors="replace")
+
+    def _log_tail(self) -> str:
+        lines = [ln for ln in self.log_text().splitlines() if ln.strip()]
         errors = [ln for ln in lines if "Error" in ln or "error" in ln]
         return (errors or lines or ["no output"])[-1][:300]
 

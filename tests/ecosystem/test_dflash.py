@@ -24,7 +24,7 @@ from draftsmith.formats.export import export
 from draftsmith.target.model import load_target
 from draftsmith.target.resolve import resolve_target
 
-MAX_NEW = 48
+MAX_NEW = 40
 
 
 def _check(tmp_path, target, target_dir: str, src, prompts: list[list[int]], name: str) -> dict:
@@ -94,7 +94,7 @@ def _check(tmp_path, target, target_dir: str, src, prompts: list[list[int]], nam
 def test_shipped_smollm2_dflash(tmp_path):
     venv_python("dflash")
     target = load_target("smollm2-135m", "float32")
-    prompts = chat_prompts(target.tokenizer, 3)
+    prompts = chat_prompts(target.tokenizer, 2)
     folder = resolve_target("smollm2-135m").model_path
     _check(
         tmp_path, target, folder, SHIPPED / "smollm2-135m-dflash", prompts, "smollm2-135m-dflash (shipped)"

@@ -57,7 +57,7 @@ def _vllm(target, prompts, spec_config) -> tuple[dict, str]:
     try:
         peer.run(prompts[0], 4, SamplingParams())  # warm-up
         results = [peer.run(p, MAX_NEW, SamplingParams()) for p in prompts]
-        log = peer.log_path.read_text(errors="replace")
+        log = peer.log_text()
     finally:
         peer.close()
     steps = sum(r.steps for r in results)
