@@ -170,6 +170,7 @@ class RaggedCache(Cache):
             "recurrent": {i: t[:b].clone() for i, t in self.recurrent.items()},
         }
 
+    @torch.inference_mode()  # the state tensors are inference tensors: written in place like `grow`'s
     def restore_state(self, snap: dict[str, dict[int, torch.Tensor]], rows: list[int]) -> None:
         idx = torch.tensor(rows, dtype=torch.long)
         for name, store in (("conv", self.conv), ("recurrent", self.recurrent)):
