@@ -4,6 +4,8 @@
 #   bash scripts/setup.sh            # package, dev tools, embedded target and datasets
 #   bash scripts/setup.sh --peers    # also llama-cpp-python (compiled here, ~10 min on 2 cores)
 #   bash scripts/setup.sh --vllm     # also vLLM's CPU build in .peers/vllm (bench --peers vllm; ~4-16 min)
+#   bash scripts/setup.sh --ecosystem  # also the venvs of `speculators` and z-lab's `dflash`, which
+#                                      # tests/ecosystem run our exports through (CI passes it)
 #
 # torch is installed first at 2.13.0 when missing: on these machines that pin takes the CPU build
 # that lies on disk, where a bare `torch` requirement would pull a multi-GB CUDA build.
@@ -14,11 +16,13 @@ cd "${repo_root}"
 python_bin="${PYTHON:-python3}"
 with_peers=0
 with_vllm=0
+with_ecosystem=0
 for arg in "$@"; do
     case "${arg}" in
         --peers) with_peers=1 ;;
         --vllm) with_vllm=1 ;;
-        *) echo "error: unknown option ${arg}: use --peers, --vllm or nothing" >&2; exit 2 ;;
+        --ecosystem) with_ecosystem=1 ;;
+        *) echo "error: unknown option ${arg}: use --peers, --vllm, --ecosystem or nothing" >&2; exit 2 ;;
     esac
 done
 
@@ -45,5 +49,8 @@ if [[ "${with_peers}" == 1 ]]; then
 fi
 if [[ "${with_vllm}" == 1 ]]; then
     bash scripts/peer_venv.sh vllm  # its own venv: vLLM's pins differ from ours
+fi
+if [[ "${with_ecosystem}" == 1 ]]; then
+    bash scripts/peer_venv.sh speculators dflash
 fi
 echo "draftsmith is set up in ${repo_root}/.venv"

@@ -79,7 +79,7 @@ def _case(setup, tmp_path, name: str, src, fmt: str, method: str, k: int, exact_
     dst = tmp_path / fmt
     export(src, dst, fmt, verifier=folder, k=k)
     lib, log = _vllm(target, prompts, {"model": str(dst), "method": method, "num_speculative_tokens": k})
-    spec_name = "eagle3" if method == "eagle3" else "dflash"
+    spec_name = {"eagle3": "eagle3", "dflash": "dflash", "draft_model": "draft"}[method]
     ours = our_decoding(target, f"{spec_name}:{src}", prompts, k=k, max_new_tokens=MAX_NEW)
     aux = _aux_layers(log)
     if method == "eagle3":
@@ -87,9 +87,11 @@ def _case(setup, tmp_path, name: str, src, fmt: str, method: str, k: int, exact_
             "eagle_aux_hidden_state_layer_ids"
         ]
         config_ok = aux == [i + 1 for i in raw] if exact_layers else aux is not None
-    else:
+    elif method == "dflash":
         raw = json.loads((dst / "config.json").read_text())["dflash_config"]["target_layer_ids"]
-        config_ok = aux is None or aux == [i + 1 for i in raw]
+        config_ok = aux == [i + 1 for i in raw]
+    else:  # a draft model reads no target features
+        raw, config_ok = None, aux is None
     output_equal = lib["tokens"] == ours.plain
     row = {
         "library": LIBRARY,
@@ -179,5 +181,19 @@ def test_dflash(setup, tmp_path):
         "vllm",
         "dflash",
         block - 1,
+        True,
+    )
+
+
+def test_draft_lm(setup, tmp_path):
+    """The draft-LM export (a standalone transformers folder) as vLLM's `draft_model` proposer."""
+    _case(
+        setup,
+        tmp_path,
+        "smollm2-135m-draftlm",
+        SHIPPED / "smollm2-135m-draftlm",
+        "vllm",
+        "draft_model",
+        3,
         True,
     )
