@@ -18,6 +18,10 @@ from the first token to the last). Each answer also carries its verification ste
 in vLLM's own spec-decode counters, from which the runner reports tau with our definition
 (decode tokens / steps) beside vLLM's (1 + accepted / drafts).
 
+Known limit: every vLLM peer's engine stays up for the whole run, and idle vLLM engines keep CPU
+cores busy; on a 2-core machine that slowed our own methods several-fold in the same run
+(benchmarks/results/bench-vllm-code-fp32-3x64.txt), so there its tok/s are not a fair timing.
+
 Environment the worker needs on a CPU (found by trying): `VLLM_CPU_KVCACHE_SPACE` (GiB of KV
 cache; 1 is plenty for bench prompts), `HF_HUB_OFFLINE=1` (the target is a local folder), and the
 venv's `libiomp5.so` preloaded, as vLLM's CPU build expects.
