@@ -107,10 +107,7 @@ def peer_available(name: str, target: Target) -> str | None:
         # transformers refuses: it rolls back a rejected draft by cropping the cache, and recurrent
         # state cannot be cropped.
         return "transformers assisted generation does not support stateful (linear-attention) models"
-    if name in VLLM_PEERS:
-        from draftsmith.bench.vllm_peer import vllm_available
-
-        return vllm_available(target)
+    # The vLLM peers' own checks (their venv, the target's folder) are `vllm_peer.vllm_available`.
     if name.startswith("llamacpp"):
         if target.gguf_path is None:
             return "target has no GGUF file"

@@ -146,8 +146,11 @@ def run_bench(
 
 def _vllm_peer(name, parsed, k, target, max_context, sampling, workdir: Path, log):
     """(None, a started VllmPeer) or (the reason it cannot run, None)."""
-    from draftsmith.bench.vllm_peer import VllmPeer, speculative_config, target_folder
+    from draftsmith.bench.vllm_peer import VllmPeer, speculative_config, target_folder, vllm_available
 
+    reason = vllm_available(target)
+    if reason:
+        return reason, None
     try:
         spec = speculative_config(name, parsed, k, workdir, verifier=target_folder(target))
     except UserError as e:
