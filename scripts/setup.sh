@@ -5,7 +5,8 @@
 #   bash scripts/setup.sh --peers    # also llama-cpp-python (compiled here, ~10 min on 2 cores)
 #   bash scripts/setup.sh --vllm     # also vLLM's CPU build in .peers/vllm (bench --peers vllm; ~4-16 min)
 #   bash scripts/setup.sh --ecosystem  # also the venvs of `speculators` and z-lab's `dflash`, which
-#                                      # tests/ecosystem run our exports through (CI passes it)
+#                                      # tests/ecosystem run our exports through (not in CI: ~6 min
+#                                      # of venvs and 7-10 min of tests on 2 cores)
 #
 # torch is installed first at 2.13.0 when missing: on these machines that pin takes the CPU build
 # that lies on disk, where a bare `torch` requirement would pull a multi-GB CUDA build.
