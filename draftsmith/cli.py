@@ -11,7 +11,7 @@ import os
 import sys
 import time
 
-from draftsmith.command import Parser, run
+from draftsmith.command import Parser, add_dtype_device_args, run
 from draftsmith.errors import UserError
 
 DEFAULT_TARGET = "smollm2-135m"
@@ -21,13 +21,7 @@ def _add_target_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--target", default=DEFAULT_TARGET, help="smollm2-135m, gemma3-270m, HF folder, hub id or .gguf"
     )
-    p.add_argument(
-        "--dtype",
-        default="auto",
-        choices=["auto", "bfloat16", "float32"],
-        help="auto: bfloat16 where the device computes it natively, else float32",
-    )
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
+    add_dtype_device_args(p)
     p.add_argument(
         "--quantize",
         default="none",

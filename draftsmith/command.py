@@ -20,6 +20,17 @@ class Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+def add_dtype_device_args(p: argparse.ArgumentParser) -> None:
+    """--dtype and --device of every command that runs the target."""
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "bfloat16", "float32"],
+        help="auto: bfloat16 where the device computes it natively, else float32",
+    )
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
+
+
 def run(parser: argparse.ArgumentParser, argv: list[str], prefix: tuple[str, ...] = ()) -> int:
     """Parse `argv` and run the chosen command; `command_line` records it as the user would type it
     (`draftsmith` and `prefix`, the words a standalone entry point stands for, then `argv`)."""

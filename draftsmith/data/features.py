@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from draftsmith.command import add_dtype_device_args
 from draftsmith.errors import UserError
 
 INDEX = "index.json"
@@ -274,13 +275,7 @@ def add_features_parser(subparsers) -> argparse.ArgumentParser:
     """Add `features` to the subparsers of `draftsmith data`."""
     p = subparsers.add_parser("features", help="write the target's hidden states for training data to disk")
     p.add_argument("--target", default="smollm2-135m", help="smollm2-135m, HF folder, hub id or .gguf")
-    p.add_argument(
-        "--dtype",
-        default="auto",
-        choices=["auto", "bfloat16", "float32"],
-        help="auto: bfloat16 where the device computes it natively, else float32",
-    )
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
+    add_dtype_device_args(p)
     p.add_argument("--data", required=True, help="conversations .jsonl (from `draftsmith data regenerate`)")
     p.add_argument("--max-len", type=int, default=2048, help="tokens per example, as in training")
     p.add_argument("--layers", default="eagle3", help="eagle3, or comma-separated target layer ids")

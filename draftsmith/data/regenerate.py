@@ -41,6 +41,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from draftsmith.command import add_dtype_device_args
 from draftsmith.data.conversation import Conversation, turn_seed
 from draftsmith.data.regen_report import build_report, print_report, run_numbers
 from draftsmith.data.resumable import ResumableJsonl
@@ -243,13 +244,7 @@ def add_regenerate_parser(subparsers) -> argparse.ArgumentParser:
     """Add `regenerate` to the subparsers of `draftsmith data`."""
     p = subparsers.add_parser("regenerate", help="the target writes the assistant turns of training data")
     p.add_argument("--target", default="smollm2-135m", help="smollm2-135m, HF folder, hub id or .gguf")
-    p.add_argument(
-        "--dtype",
-        default="auto",
-        choices=["auto", "bfloat16", "float32"],
-        help="auto: bfloat16 where the device computes it natively, else float32",
-    )
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
+    add_dtype_device_args(p)
     p.add_argument("--source", required=True, help="sharegpt, humaneval, humaneval-train or a FILE.jsonl")
     p.add_argument("--num", type=int, required=True, help="take the first N conversations of the source")
     p.add_argument("--max-new-tokens", type=int, default=512)

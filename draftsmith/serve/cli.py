@@ -6,6 +6,7 @@ import argparse
 import socket
 import sys
 
+from draftsmith.command import add_dtype_device_args
 from draftsmith.errors import UserError
 
 
@@ -16,13 +17,7 @@ def add_serve_parser(sub) -> argparse.ArgumentParser:
     p.add_argument(
         "--target", default="smollm2-135m", help="smollm2-135m, gemma3-270m, HF folder, hub id or .gguf"
     )
-    p.add_argument(
-        "--dtype",
-        default="auto",
-        choices=["auto", "bfloat16", "float32"],
-        help="auto: bfloat16 where the device computes it natively, else float32",
-    )
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda", "auto"])
+    add_dtype_device_args(p)
     p.add_argument(
         "--quantize", default="none", choices=["none", "int8"], help="int8: weight-only int8 target (CPU)"
     )
