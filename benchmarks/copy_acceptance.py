@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from draftsmith.bench.workloads import load_workload
+from draftsmith.data.workloads import load_workload
 from draftsmith.decoding.engine import generate
 from draftsmith.decoding.sampling import SamplingParams
 from draftsmith.drafters import registry

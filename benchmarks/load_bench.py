@@ -33,7 +33,7 @@ from pathlib import Path
 import openai
 import uvicorn
 
-from draftsmith.bench.workloads import load_workload
+from draftsmith.data.workloads import load_workload
 from draftsmith.drafters import registry
 from draftsmith.serve.app import create_app
 from draftsmith.target.model import load_target

@@ -91,7 +91,7 @@ def measure_local(num_prompts: int, max_new_tokens: int, log) -> dict:
     between every two drafter configs (ar, c1, c2, ar, c3, c4, ar, ...) and each config is also
     compared with the two ar runs that bracket it (`ar_paired_decode_tok_s`): linear drift cancels.
     The order of the configs alternates from one prompt (or round) to the next."""
-    from draftsmith.bench.workloads import load_workload
+    from draftsmith.data.workloads import load_workload
     from draftsmith.decoding.engine import DecodeStats, generate
     from draftsmith.drafters import registry
     from draftsmith.target.chat import encode_messages

@@ -229,7 +229,7 @@ def cmd_bench(args) -> int:
     from draftsmith.bench.peers import expand_peers
     from draftsmith.bench.report import print_bench
     from draftsmith.bench.runner import method_k, run_bench
-    from draftsmith.bench.workloads import load_workload
+    from draftsmith.data.workloads import load_workload
     from draftsmith.drafters import registry
     from draftsmith.fileio import atomic_write_json
     from draftsmith.target.chat import encode_messages

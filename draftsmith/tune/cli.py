@@ -252,7 +252,7 @@ def _methods(method: str, base: str | None, out: Path, min_score: float) -> dict
 
 def _measure(args, held_file: Path, n_held: int, methods: dict[str, str | None]) -> dict:
     from draftsmith.bench.runner import run_bench
-    from draftsmith.bench.workloads import load_workload
+    from draftsmith.data.workloads import load_workload
     from draftsmith.decoding.sampling import SamplingParams
     from draftsmith.target.chat import encode_messages
     from draftsmith.target.model import load_target

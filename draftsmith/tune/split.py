@@ -18,7 +18,7 @@ import random
 from collections.abc import Callable
 from pathlib import Path
 
-from draftsmith.bench.workloads import Prompt, load_jsonl_prompts
+from draftsmith.data.workloads import Prompt, load_jsonl_prompts
 from draftsmith.errors import UserError
 
 

@@ -125,8 +125,8 @@ def test_shard_spec():
 def test_sources_are_the_train_split_and_the_code_benchmark_prompts():
     from itertools import islice
 
-    from draftsmith.bench.workloads import load_workload
     from draftsmith.data.sources import is_heldout
+    from draftsmith.data.workloads import load_workload
 
     assert not any(is_heldout(cid) for cid, _ in islice(iter_source("sharegpt"), 50))
     first = next(iter_source("humaneval"))
@@ -135,8 +135,8 @@ def test_sources_are_the_train_split_and_the_code_benchmark_prompts():
 
 
 def test_humaneval_train_never_holds_a_code_benchmark_prompt():
-    from draftsmith.bench.workloads import load_workload
     from draftsmith.data.regenerate import HUMANEVAL_HELD_OUT
+    from draftsmith.data.workloads import load_workload
 
     train = [cid for cid, _ in iter_source("humaneval-train")]
     bench = {p.id for p in load_workload("code", HUMANEVAL_HELD_OUT)}

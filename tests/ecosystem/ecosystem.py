@@ -87,7 +87,7 @@ def our_decoding(target, spec: str | None, prompts: list[list[int]], k: int, max
 
 def chat_prompts(tokenizer, n: int) -> list[list[int]]:
     """The first n prompts of the bench's chat workload, chat-formatted for `tokenizer`."""
-    from draftsmith.bench.workloads import load_workload
+    from draftsmith.data.workloads import load_workload
     from draftsmith.target.chat import encode_messages
 
     return [encode_messages(tokenizer, p.messages) for p in load_workload("chat", n)]

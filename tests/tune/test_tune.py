@@ -11,8 +11,8 @@ import pytest
 from learnable import make_cycle_target, write_prompts
 
 import draftsmith.tune.cli as tune_cli
-from draftsmith.bench.workloads import Prompt
 from draftsmith.cli import main
+from draftsmith.data.workloads import Prompt
 from draftsmith.errors import UserError
 from draftsmith.tune.split import holdout_count, parse_holdout, split_traffic
 

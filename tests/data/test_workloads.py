@@ -7,14 +7,14 @@ import re
 
 import pytest
 
-from draftsmith.bench.workloads import (
+from draftsmith.data.sources import is_heldout
+from draftsmith.data.workloads import (
     CHAT_MAX_CHARS,
     LONG_MAX_CHARS,
     LONG_MIN_CHARS,
     Prompt,
     load_workload,
 )
-from draftsmith.data.sources import is_heldout
 from draftsmith.errors import UserError
 
 
