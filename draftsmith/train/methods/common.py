@@ -9,7 +9,8 @@ from draftsmith.errors import UserError
 from draftsmith.target.model import FINAL_HIDDEN
 from draftsmith.train import distributed
 from draftsmith.train.config import TrainConfig
-from draftsmith.train.target_pass import packed_forward
+from draftsmith.train.data import pack
+from draftsmith.train.target_pass import can_pack, packed_forward, stored_pass, target_pass
 
 
 def loss_parts(res, num_tokens: int) -> torch.Tensor:
@@ -42,6 +43,18 @@ def open_store(cfg: TrainConfig, examples, layers: list[int]):
 
     # Every store holds the final hidden state; only real layer ids must be among its layers.
     return FeatureStore.open(cfg.features, examples, [i for i in layers if i != FINAL_HIDDEN])
+
+
+def packed_signal(method, examples, ids: list[int], train: bool):
+    """(batch, features [b, T, K, H], logits [b, T, V]) of this rank's examples: packed rows on
+    the method's device, the target's signal from the feature store while training, else from a
+    target pass (held-out scoring always runs the target, as its examples are not in the store)."""
+    batch = pack(examples, method.cfg.max_len, packing=can_pack(method.target)).to(method.world.device)
+    if method.store is None or not train:
+        features, logits = target_pass(method.target, batch, method.layers)
+    else:
+        features, logits = stored_pass(method.target, method.store, batch, ids, method.layers)
+    return batch, features, logits
 
 
 def batch_features(target, batch, layers: list[int]) -> torch.Tensor:

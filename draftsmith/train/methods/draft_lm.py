@@ -16,13 +16,11 @@ from draftsmith.target.model import FINAL_HIDDEN
 from draftsmith.train import distributed
 from draftsmith.train.config import TrainConfig
 from draftsmith.train.data import (
-    pack,
     token_ranking,
 )
 from draftsmith.train.draft_lm_objective import counted as draft_lm_counted
 from draftsmith.train.draft_lm_objective import draft_lm_loss
-from draftsmith.train.methods.common import idle_parts, loss_parts, open_store
-from draftsmith.train.target_pass import can_pack, stored_pass, target_pass
+from draftsmith.train.methods.common import idle_parts, loss_parts, open_store, packed_signal
 
 
 class DraftLMMethod:
@@ -72,14 +70,9 @@ class DraftLMMethod:
     def forward_backward(
         self, examples, ids: list[int], step: int, autocast, train: bool = True
     ) -> torch.Tensor:
-        cfg = self.cfg
         if not examples:
             return idle_parts(self.world, 1)
-        batch = pack(examples, cfg.max_len, packing=can_pack(self.target)).to(self.world.device)
-        if self.store is None or not train:
-            logits = target_pass(self.target, batch, self.layers)[1]
-        else:
-            logits = stored_pass(self.target, self.store, batch, ids, self.layers)[1]
+        batch, _, logits = packed_signal(self, examples, ids, train)
         local = draft_lm_counted(batch.loss_mask, batch.segments).sum().reshape(1).long()
         counts = distributed.all_sum(self.world, local) if train else local
         with autocast:

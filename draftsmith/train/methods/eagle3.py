@@ -17,7 +17,13 @@ from draftsmith.train.data import (
 )
 from draftsmith.train.eagle3_init import token_attention, typical_rms
 from draftsmith.train.eagle3_objective import TargetSignal, count_positions, ttt_loss
-from draftsmith.train.methods.common import check_init_shape, idle_parts, loss_parts, open_store
+from draftsmith.train.methods.common import (
+    check_init_shape,
+    idle_parts,
+    loss_parts,
+    open_store,
+    packed_signal,
+)
 from draftsmith.train.target_pass import can_pack, stored_pass, target_pass
 
 
@@ -84,14 +90,10 @@ class Eagle3Method:
     ) -> torch.Tensor:
         """Loss and gradients on this rank's shard. Returns the all-reduced parts (`loss_parts`).
         `train=False` (held-out scoring, on one rank): online features, local counts, no backward."""
-        cfg, model, S = self.cfg, self.model, self.cfg.ttt_steps
+        model, S = self.model, self.cfg.ttt_steps
         if not examples:
             return idle_parts(self.world, S)
-        batch = pack(examples, cfg.max_len, packing=can_pack(self.target)).to(self.world.device)
-        if self.store is None or not train:
-            features, logits = target_pass(self.target, batch, self.layers)
-        else:
-            features, logits = stored_pass(self.target, self.store, batch, ids, self.layers)
+        batch, features, logits = packed_signal(self, examples, ids, train)
         signal = TargetSignal.from_logits(model, logits)  # [b, T, Vd] instead of [b, T, V] from here on
         del logits
         # Every rank normalises by the global counts, so summed gradients are the global batch's.

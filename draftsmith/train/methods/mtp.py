@@ -12,13 +12,9 @@ from draftsmith.errors import UserError
 from draftsmith.target.model import FINAL_HIDDEN
 from draftsmith.train import distributed
 from draftsmith.train.config import MTP_INITS, TrainConfig
-from draftsmith.train.data import (
-    pack,
-)
-from draftsmith.train.methods.common import idle_parts, loss_parts, open_store
+from draftsmith.train.methods.common import idle_parts, loss_parts, open_store, packed_signal
 from draftsmith.train.mtp_objective import count_positions as mtp_count_positions
 from draftsmith.train.mtp_objective import mtp_loss
-from draftsmith.train.target_pass import can_pack, stored_pass, target_pass
 
 
 class MTPMethod:
@@ -60,14 +56,10 @@ class MTPMethod:
     def forward_backward(
         self, examples, ids: list[int], step: int, autocast, train: bool = True
     ) -> torch.Tensor:
-        cfg, S = self.cfg, self.cfg.ttt_steps
+        S = self.cfg.ttt_steps
         if not examples:
             return idle_parts(self.world, S)
-        batch = pack(examples, cfg.max_len, packing=can_pack(self.target)).to(self.world.device)
-        if self.store is None or not train:
-            features, logits = target_pass(self.target, batch, self.layers)
-        else:
-            features, logits = stored_pass(self.target, self.store, batch, ids, self.layers)
+        batch, features, logits = packed_signal(self, examples, ids, train)
         local = mtp_count_positions(batch.loss_mask, batch.segments, S)
         counts = distributed.all_sum(self.world, local) if train else local
         with autocast:
