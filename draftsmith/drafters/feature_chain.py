@@ -20,6 +20,8 @@ looks at q alone, never at the sampled token or the target, so each drafted toke
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import torch
 
 from draftsmith.decoding.sampling import SamplingParams
@@ -27,7 +29,7 @@ from draftsmith.drafters.base import Draft
 from draftsmith.drafters.draft_kv import DraftKV
 
 
-class FeatureChainDrafter:
+class FeatureChainDrafter(ABC):
     """Subclasses give `fuse` (engine features -> model input per position) and `run` (a forward
     at given positions that also stores its keys/values), and may map draft ids to target ids."""
 
@@ -53,19 +55,19 @@ class FeatureChainDrafter:
 
     # ---- what a model supplies ----------------------------------------------------------------
 
+    @abstractmethod
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
         """[n, K, H_target] engine features -> [n, H] the model's hidden input per position."""
-        raise NotImplementedError
 
+    @abstractmethod
     def run(self, ids: torch.Tensor, hidden: torch.Tensor, start: int) -> tuple[torch.Tensor, torch.Tensor]:
         """ids [1, q], hidden [1, q, H] at positions start..start+q-1, causal over the kept keys/values
         before `start`; stores the new keys/values at those positions. Returns the last position's
         (logits [V_draft], h [H])."""
-        raise NotImplementedError
 
+    @abstractmethod
     def draft_probs(self, logits: torch.Tensor) -> torch.Tensor:
         """q over the draft's vocabulary at the request's sampling settings (float32)."""
-        raise NotImplementedError
 
     def to_target_id(self, draft_id: int) -> int:
         return draft_id
