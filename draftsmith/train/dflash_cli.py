@@ -1,4 +1,4 @@
-"""`draftsmith train dflash`: flags -> `TrainConfig` -> `train_dflash`, and a short report.
+"""`draftsmith train dflash`: flags -> `TrainConfig` -> `trainer.train`, and a short report.
 
 `add_train_dflash_parser(subparsers)` adds the `dflash` subcommand to a `train` group;
 `cmd_train_dflash(args)` runs it. `python -m draftsmith.train.dflash_cli ...` (and so
@@ -75,11 +75,10 @@ def _layer_ids(text: str | None) -> list[int] | None:
 
 
 def cmd_train_dflash(args: argparse.Namespace) -> int:
-    from draftsmith.train.trainer import TrainConfig, train_dflash
+    from draftsmith.train.config import DFlashSettings, TrainConfig
+    from draftsmith.train.trainer import train
 
-    cfg = TrainConfig(
-        **common_config(args),
-        method="dflash",
+    settings = DFlashSettings(
         block_size=args.block_size,
         layers=args.layers,
         anchors=args.anchors,
@@ -87,9 +86,8 @@ def cmd_train_dflash(args: argparse.Namespace) -> int:
         target_layers=_layer_ids(args.target_layers),
         mask_token_id=args.mask_token_id,
         norm_init=args.norm_init,
-        init=args.init,
     )
-    summary = train_dflash(cfg)
+    summary = train(TrainConfig(**common_config(args), settings=settings, init=args.init))
     report(summary, f"speculator in {summary['out']}")
     return 0
 

@@ -1,4 +1,4 @@
-"""`draftsmith train draft-lm`: flags -> `TrainConfig` -> `train_draft_lm`, and a short report.
+"""`draftsmith train draft-lm`: flags -> `TrainConfig` -> `trainer.train`, and a short report.
 
 `add_train_draft_lm_parser(subparsers)` adds the `draft-lm` subcommand to a `train` group;
 `cmd_train_draft_lm(args)` runs it. `python -m draftsmith.train.draft_lm_cli ...` (and so `torchrun
@@ -52,19 +52,16 @@ def add_train_draft_lm_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def cmd_train_draft_lm(args: argparse.Namespace) -> int:
-    from draftsmith.train.trainer import TrainConfig, train_draft_lm
+    from draftsmith.train.config import DraftLMSettings, TrainConfig
+    from draftsmith.train.trainer import train
 
-    cfg = TrainConfig(
-        **common_config(args),
-        method="draft-lm",
-        layers=args.layers,
-        hidden=args.hidden,
-        init_layers=_layer_ids(args.init_from_target_layers),
-        init=args.init,
+    settings = DraftLMSettings(
+        layers=args.layers, hidden=args.hidden, init_layers=_layer_ids(args.init_from_target_layers)
     )
+    cfg = TrainConfig(**common_config(args), settings=settings, init=args.init)
     if cfg.eval_k is None:
         cfg.eval_k = 4
-    summary = train_draft_lm(cfg)
+    summary = train(cfg)
     report(summary, f"draft LM in {summary['out']} (load it with --drafters draft:{summary['out']})")
     return 0
 

@@ -1,4 +1,4 @@
-"""`draftsmith train eagle3`: flags -> `TrainConfig` -> `train_eagle3`, and a short report.
+"""`draftsmith train eagle3`: flags -> `TrainConfig` -> `trainer.train`, and a short report.
 
 `add_train_eagle3_parser(subparsers)` adds the `eagle3` subcommand to a `train` group;
 `cmd_train_eagle3(args)` runs it. `python -m draftsmith.train.eagle3_cli ...` (and so
@@ -54,17 +54,16 @@ def add_train_eagle3_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def cmd_train_eagle3(args: argparse.Namespace) -> int:
-    from draftsmith.train.trainer import TrainConfig, train_eagle3
+    from draftsmith.train.config import EAGLE3Settings, TrainConfig
+    from draftsmith.train.trainer import train
 
-    cfg = TrainConfig(
-        **common_config(args),
+    settings = EAGLE3Settings(
         ttt_steps=args.ttt_steps,
         draft_vocab=args.draft_vocab,
         head_init=args.head_init,
         attn_init=args.attn_init,
-        init=args.init,
     )
-    summary = train_eagle3(cfg)
+    summary = train(TrainConfig(**common_config(args), settings=settings, init=args.init))
     report(summary, f"speculator in {summary['out']}")
     return 0
 

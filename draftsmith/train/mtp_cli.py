@@ -1,4 +1,4 @@
-"""`draftsmith train mtp`: flags -> `TrainConfig` -> `train_mtp`, and a short report.
+"""`draftsmith train mtp`: flags -> `TrainConfig` -> `trainer.train`, and a short report.
 
 `add_train_mtp_parser(subparsers)` adds the `mtp` subcommand to a `train` group; `cmd_train_mtp(args)`
 runs it. `python -m draftsmith.train.mtp_cli ...` (and so `torchrun --nproc-per-node 2 -m
@@ -40,10 +40,11 @@ def add_train_mtp_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def cmd_train_mtp(args: argparse.Namespace) -> int:
-    from draftsmith.train.trainer import TrainConfig, train_mtp
+    from draftsmith.train.config import MTPSettings, TrainConfig
+    from draftsmith.train.trainer import train
 
-    cfg = TrainConfig(**common_config(args), method="mtp", init=args.init, ttt_steps=args.ttt_steps)
-    summary = train_mtp(cfg)
+    settings = MTPSettings(ttt_steps=args.ttt_steps)
+    summary = train(TrainConfig(**common_config(args), settings=settings, init=args.init))
     report(summary, f"MTP head in {summary['out']} (load it with --drafter mtp:{summary['out']})")
     return 0
 

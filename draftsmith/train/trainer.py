@@ -42,7 +42,6 @@ import json
 import math
 import time
 import warnings
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -52,7 +51,7 @@ from draftsmith.errors import UserError
 from draftsmith.machine import auto_dtype
 from draftsmith.target.model import load_target, parse_device, parse_dtype
 from draftsmith.train import checkpoint, distributed
-from draftsmith.train.config import TrainConfig  # noqa: F401 (callers import it here)
+from draftsmith.train.config import TrainConfig
 from draftsmith.train.data import (
     load_conversations,
     plan_batches,
@@ -98,36 +97,14 @@ def lr_at_progress(progress: float, warmup_ratio: float, base: float) -> float:
     return base * 0.5 * (1.0 + math.cos(math.pi * rest))
 
 
-def train_eagle3(cfg: TrainConfig) -> dict:
-    """Train (or resume) an EAGLE-3 draft; returns a summary. User mistakes raise UserError."""
-    cfg.method = "eagle3"
-    return train(cfg)
-
-
-def train_dflash(cfg: TrainConfig) -> dict:
-    """Train (or resume) a DFlash draft; returns a summary. User mistakes raise UserError."""
-    cfg.method = "dflash"
-    return train(cfg)
-
-
-def train_mtp(cfg: TrainConfig) -> dict:
-    """Train, or fine-tune (`init` = a folder), an MTP head; returns a summary. User mistakes raise
-    UserError."""
-    cfg.method = "mtp"
-    return train(cfg)
-
-
-def train_draft_lm(cfg: TrainConfig) -> dict:
-    """Distil a small causal LM from the target (`draft:PATH` drafts with it)."""
-    cfg.method = "draft-lm"
-    return train(cfg)
-
-
 def train(cfg: TrainConfig) -> dict:
+    """Train (or resume) the draft of `cfg.settings`' method; returns a summary. User mistakes raise
+    UserError."""
     _check_args(cfg)
     records = load_conversations(cfg.data)
     kind = METHODS[cfg.method]
-    fingerprint = {k: getattr(cfg, k) for k in kind.fingerprint} | {"data_sha256": _digest(cfg.data)}
+    settings = cfg.record()
+    fingerprint = {k: settings[k] for k in kind.fingerprint} | {"data_sha256": _digest(cfg.data)}
     if kind.init_is_folder and cfg.init != "random":
         cfg.init = str(Path(cfg.init).resolve())
         # Only when set, so checkpoints written before `--init` existed still resume.
@@ -343,7 +320,7 @@ def _save(out: Path, method, optimizer, state: dict, metrics: list[dict], cfg, t
             **method.info(),
             "command": state["commands"][0],
             "commands": state["commands"],
-            "train": {k: v for k, v in asdict(cfg).items() if k not in ("progress", "command", "extra")},
+            "train": {k: v for k, v in cfg.record().items() if k not in ("progress", "command", "extra")},
         }
         | cfg.extra,
     )
@@ -354,8 +331,7 @@ def _save(out: Path, method, optimizer, state: dict, metrics: list[dict], cfg, t
 
 def _check_args(cfg: TrainConfig) -> None:
     positive = {"--epochs": cfg.epochs, "--lr": cfg.lr, "--batch-tokens": cfg.batch_tokens,
-                "--max-len": cfg.max_len, "--ttt-steps": cfg.ttt_steps, "--draft-vocab": cfg.draft_vocab,
-                "--grad-clip": cfg.grad_clip, "--eval-max-new-tokens": cfg.eval_max_new_tokens}  # fmt: skip
+                "--max-len": cfg.max_len, "--grad-clip": cfg.grad_clip, "--eval-max-new-tokens": cfg.eval_max_new_tokens}  # fmt: skip
     for flag, v in positive.items():
         if not v > 0:
             raise UserError(f"{flag} {v} must be positive")

@@ -185,15 +185,17 @@ def _regenerate(args, train_file: Path, data: Path, n: int) -> None:
 
 def _train(args, method: str, out: Path, data: Path, held_file: Path, n_held: int, budget_s: float) -> dict:
     from draftsmith.train import checkpoint
-    from draftsmith.train.trainer import TrainConfig, train
+    from draftsmith.train.config import SETTINGS, TrainConfig
+    from draftsmith.train.trainer import train
 
     recipe = RECIPES[method] | {k: v for k, v in (("lr", args.lr), ("batch_tokens", args.batch_tokens)) if v}
     base = _base_settings(args.base, method) if args.base else {}
+    anchors = {"anchors": recipe["anchors"]} if method == "dflash" else {}
     cfg = TrainConfig(
         target=args.target,
         data=str(data),
         out=str(out),
-        method=method,
+        settings=SETTINGS[method](**base, **anchors),
         epochs=50,  # the time budget ends the run; epochs only bound a tiny traffic's repetitions
         time_budget=budget_s,
         lr=recipe["lr"],
@@ -211,8 +213,6 @@ def _train(args, method: str, out: Path, data: Path, held_file: Path, n_held: in
         seed=args.seed,
         progress=not args.no_progress,
         command=args.command_line,
-        **base,
-        **({"anchors": recipe["anchors"]} if method == "dflash" else {}),
     )
     return train(cfg)
 

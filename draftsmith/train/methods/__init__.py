@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 
 class TrainingMethod(Protocol):
-    # Settings (TrainConfig field names) a checkpoint resumes under.
+    # Settings (names in `TrainConfig.record()`) a checkpoint resumes under.
     fingerprint: ClassVar[tuple[str, ...]]
     # The registry name that loads the saved folder (`eagle3`, `dflash`, `mtp`, `draft`).
     drafter: ClassVar[str]

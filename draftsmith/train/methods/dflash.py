@@ -10,7 +10,7 @@ import torch
 from draftsmith.drafters import dflash
 from draftsmith.errors import UserError
 from draftsmith.train import distributed
-from draftsmith.train.config import TrainConfig
+from draftsmith.train.config import DFlashSettings, TrainConfig
 from draftsmith.train.data import (
     pack,
 )
@@ -37,28 +37,30 @@ class DFlashMethod:
     @staticmethod
     def positions(cfg: TrainConfig) -> int:
         """Per-position metrics: one per block slot after the anchor."""
-        return cfg.block_size - 1
+        return cfg.settings.block_size - 1
 
     @staticmethod
     def check(cfg: TrainConfig) -> None:
         """This method's user errors, before any work."""
         if cfg.init != "random" and not Path(cfg.init).is_dir():
             raise UserError(f"--init {cfg.init}: give random or the folder of a trained DFlash speculator")
-        if cfg.block_size < 2:
-            raise UserError(f"--block-size {cfg.block_size} must be at least 2 (one token to draft)")
-        for flag, v in {"--layers": cfg.layers, "--anchors": cfg.anchors, "--gamma": cfg.gamma}.items():
+        s: DFlashSettings = cfg.settings
+        if s.block_size < 2:
+            raise UserError(f"--block-size {s.block_size} must be at least 2 (one token to draft)")
+        for flag, v in {"--layers": s.layers, "--anchors": s.anchors, "--gamma": s.gamma}.items():
             if not v > 0:
                 raise UserError(f"{flag} {v} must be positive")
 
     def __init__(self, cfg: TrainConfig, target, examples, world) -> None:
         self.cfg, self.target, self.world = cfg, target, world
-        tc = target.config
-        self.layers = list(cfg.target_layers or dflash.default_target_layer_ids(target.num_layers))
+        s: DFlashSettings = cfg.settings
+        self.settings = s
+        self.layers = list(s.target_layers or dflash.default_target_layer_ids(target.num_layers))
         if max(self.layers) >= target.num_layers or min(self.layers) < 0:
             raise UserError(
                 f"--target-layers {self.layers}: the target has layers 0..{target.num_layers - 1}"
             )
-        mask = cfg.mask_token_id
+        mask = s.mask_token_id
         if mask is None:
             mask = dflash.default_mask_token_id(target.tokenizer, target.vocab_size)
         if not 0 <= mask < target.vocab_size:
@@ -66,21 +68,26 @@ class DFlashMethod:
                 f"--mask-token-id {mask} is outside the target's vocabulary of {target.vocab_size}"
             )
         config = dflash.make_config(
-            tc, layers=cfg.layers, block_size=cfg.block_size, mask_token_id=mask, target_layer_ids=self.layers
+            target.config,
+            layers=s.layers,
+            block_size=s.block_size,
+            mask_token_id=mask,
+            target_layer_ids=self.layers,
         )
         embed, head = target.model.get_input_embeddings(), target.model.get_output_embeddings()
         if cfg.init != "random":
             self.model = _dflash_init(cfg.init, config, embed, head).to(world.device, torch.float32)
         else:
             self.model = dflash.DFlashModel(config, embed, head).to(world.device, torch.float32)
-            if cfg.norm_init == "scaled":
+            if s.norm_init == "scaled":
                 dflash.scale_output_norm(self.model)
         self.store = open_store(cfg, examples, self.layers)
 
     def forward_backward(
         self, examples, ids: list[int], step: int, autocast, train: bool = True
     ) -> torch.Tensor:
-        cfg, model, S = self.cfg, self.model, self.cfg.block_size - 1
+        cfg, s, model = self.cfg, self.settings, self.model
+        S = s.block_size - 1
         if not examples:
             return idle_parts(self.world, S)
         batch = pack(examples, cfg.max_len, packing=can_pack(self.target))
@@ -88,7 +95,7 @@ class DFlashMethod:
         seeds = {local: anchor_seed(cfg.seed, step, global_id) for local, global_id in enumerate(ids)}
         blocks = sample_blocks(
             batch.input_ids, batch.loss_mask, batch.segments,
-            block_size=cfg.block_size, n_anchors=cfg.anchors, seeds=seeds,
+            block_size=s.block_size, n_anchors=s.anchors, seeds=seeds,
         ).to(self.world.device)  # fmt: skip
         batch = batch.to(self.world.device)
         if self.store is None or not train:
@@ -99,7 +106,7 @@ class DFlashMethod:
         with autocast:
             res = dflash_loss(
                 model, batch.input_ids, features, blocks,
-                segments=batch.segments, positions=batch.positions, gamma=cfg.gamma, counts=counts,
+                segments=batch.segments, positions=batch.positions, gamma=s.gamma, counts=counts,
             )  # fmt: skip
         if train:
             res.loss.backward()

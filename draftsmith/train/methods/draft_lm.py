@@ -14,7 +14,7 @@ from draftsmith.fileio import save_checkpoint_dir
 from draftsmith.formats import draft_lm_format
 from draftsmith.target.model import FINAL_HIDDEN
 from draftsmith.train import distributed
-from draftsmith.train.config import TrainConfig
+from draftsmith.train.config import DraftLMSettings, TrainConfig
 from draftsmith.train.data import (
     token_ranking,
 )
@@ -44,17 +44,18 @@ class DraftLMMethod:
     @staticmethod
     def check(cfg: TrainConfig) -> None:
         """This method's user errors, before any work."""
-        if cfg.init_layers is not None:
-            if not cfg.init_layers or any(i < 0 for i in cfg.init_layers):
+        s: DraftLMSettings = cfg.settings
+        if s.init_layers is not None:
+            if not s.init_layers or any(i < 0 for i in s.init_layers):
                 raise UserError(
-                    f"--init-from-target-layers {cfg.init_layers}: give target layer ids 0, 1, ... "
+                    f"--init-from-target-layers {s.init_layers}: give target layer ids 0, 1, ... "
                     "separated by commas"
                 )
-        elif cfg.layers <= 0:
-            raise UserError(f"--layers {cfg.layers} must be positive")
-        if cfg.hidden is not None and cfg.hidden <= 0:
-            raise UserError(f"--hidden {cfg.hidden} must be positive")
-        if cfg.hidden is not None and cfg.init_layers:
+        elif s.layers <= 0:
+            raise UserError(f"--layers {s.layers} must be positive")
+        if s.hidden is not None and s.hidden <= 0:
+            raise UserError(f"--hidden {s.hidden} must be positive")
+        if s.hidden is not None and s.init_layers:
             raise UserError(
                 "--hidden and --init-from-target-layers exclude each other: copied layers have the target's width"
             )
@@ -92,7 +93,7 @@ class DraftLMMethod:
         return {
             "layers": cfg.num_hidden_layers,
             "hidden": cfg.hidden_size,
-            "init_layers": self.cfg.init_layers,
+            "init_layers": self.cfg.settings.init_layers,
             **({} if self.cfg.init == "random" else {"init": self.cfg.init}),
             "feature_layers": [],  # it reads token ids only (the target's logits come from its store)
         }
@@ -144,17 +145,18 @@ def _draft_lm(cfg: TrainConfig, target):
 
     if cfg.init != "random":
         return _draft_lm_init(cfg, target)
+    s: DraftLMSettings = cfg.settings
     config = copy.deepcopy(target.model.config)
-    far = [i for i in cfg.init_layers or [] if i >= target.num_layers]
+    far = [i for i in s.init_layers or [] if i >= target.num_layers]
     if far:
         raise UserError(
             f"--init-from-target-layers: the target has layers 0-{target.num_layers - 1}, not {far}"
         )
-    config.num_hidden_layers = len(cfg.init_layers) if cfg.init_layers else cfg.layers
+    config.num_hidden_layers = len(s.init_layers) if s.init_layers else s.layers
     if getattr(config, "layer_types", None):
         kinds = config.layer_types
-        config.layer_types = [kinds[i] for i in cfg.init_layers] if cfg.init_layers else kinds[: cfg.layers]
-    shared = cfg.hidden is None or cfg.hidden == config.hidden_size
+        config.layer_types = [kinds[i] for i in s.init_layers] if s.init_layers else kinds[: s.layers]
+    shared = s.hidden is None or s.hidden == config.hidden_size
     if shared:
         lm = draft_lm_format.build_shared(config, target.model, torch.float32)
         lm.get_input_embeddings().weight.requires_grad_(False)
@@ -162,18 +164,18 @@ def _draft_lm(cfg: TrainConfig, target):
     else:
         head_dim = config.hidden_size // config.num_attention_heads
         ratio = config.intermediate_size / config.hidden_size
-        config.hidden_size = cfg.hidden
-        config.num_attention_heads = max(1, cfg.hidden // head_dim)
+        config.hidden_size = s.hidden
+        config.num_attention_heads = max(1, s.hidden // head_dim)
         config.num_key_value_heads = math.gcd(config.num_attention_heads, config.num_key_value_heads)
-        config.head_dim = cfg.hidden // config.num_attention_heads
-        config.intermediate_size = int(round(ratio * cfg.hidden / 64)) * 64
+        config.head_dim = s.hidden // config.num_attention_heads
+        config.intermediate_size = int(round(ratio * s.hidden / 64)) * 64
         config.tie_word_embeddings = True
         torch.manual_seed(cfg.seed)
         lm = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    if cfg.init_layers:
+    if s.init_layers:
         src = target.model.get_decoder()
         with torch.no_grad():
-            for j, i in enumerate(cfg.init_layers):
+            for j, i in enumerate(s.init_layers):
                 lm.model.layers[j].load_state_dict(src.layers[i].state_dict())
             lm.model.norm.load_state_dict(src.norm.state_dict())
     return lm
@@ -186,7 +188,7 @@ def _draft_lm_init(cfg: TrainConfig, target):
     folder = Path(cfg.init)
     if not (folder / "config.json").is_file():
         raise UserError(f"--init {cfg.init}: no draft LM there (config.json missing); give a draft-lm folder")
-    if cfg.init_layers:
+    if cfg.settings.init_layers:
         raise UserError("--init and --init-from-target-layers both choose the start: give one of them")
     if draft_lm_format.shares_target_embedding(folder):
         lm = draft_lm_format.load_shared(folder, target.model, torch.float32)

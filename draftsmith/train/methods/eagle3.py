@@ -10,7 +10,7 @@ import torch
 from draftsmith.drafters.eagle3 import Eagle3Model, feature_layers, load_eagle3, make_config
 from draftsmith.errors import UserError
 from draftsmith.train import distributed
-from draftsmith.train.config import TrainConfig
+from draftsmith.train.config import EAGLE3Settings, TrainConfig
 from draftsmith.train.data import (
     draft_vocab,
     pack,
@@ -39,18 +39,22 @@ class Eagle3Method:
     @staticmethod
     def positions(cfg: TrainConfig) -> int:
         """Per-position metrics: one per unrolled TTT step."""
-        return cfg.ttt_steps
+        return cfg.settings.ttt_steps
 
     @staticmethod
     def check(cfg: TrainConfig) -> None:
         """This method's user errors, before any work."""
         if cfg.init != "random" and not Path(cfg.init).is_dir():
             raise UserError(f"--init {cfg.init}: give random or the folder of a trained EAGLE-3 speculator")
+        s: EAGLE3Settings = cfg.settings
+        for flag, v in {"--ttt-steps": s.ttt_steps, "--draft-vocab": s.draft_vocab}.items():
+            if not v > 0:
+                raise UserError(f"{flag} {v} must be positive")
 
     def __init__(self, cfg: TrainConfig, target, examples, world) -> None:
         self.cfg, self.target, self.world = cfg, target, world
         self.layers = feature_layers(target.num_layers)
-        config = make_config(target.model.config, cfg.draft_vocab, self.layers)
+        config = make_config(target.model.config, cfg.settings.draft_vocab, self.layers)
         if cfg.init != "random":
             self.model = _eagle3_init(cfg.init, config, target, examples).to(world.device, torch.float32)
         else:
@@ -59,10 +63,10 @@ class Eagle3Method:
             )
             vocab = draft_vocab(examples, config.draft_vocab_size, target.vocab_size)
             self.model.set_vocab_map(vocab.to(world.device))
-            if cfg.head_init == "target":
+            if cfg.settings.head_init == "target":
                 self.model.init_head_from_target(target.head, getattr(target.base, "norm", None))
         self.store = open_store(cfg, examples, self.layers)
-        if cfg.init == "random" and cfg.attn_init == "token":
+        if cfg.init == "random" and cfg.settings.attn_init == "token":
             token_attention(self.model, self._feature_rms(examples), seed=cfg.seed)
 
     def _feature_rms(self, examples) -> float:
@@ -90,7 +94,7 @@ class Eagle3Method:
     ) -> torch.Tensor:
         """Loss and gradients on this rank's shard. Returns the all-reduced parts (`loss_parts`).
         `train=False` (held-out scoring, on one rank): online features, local counts, no backward."""
-        model, S = self.model, self.cfg.ttt_steps
+        model, S = self.model, self.cfg.settings.ttt_steps
         if not examples:
             return idle_parts(self.world, S)
         batch, features, logits = packed_signal(self, examples, ids, train)

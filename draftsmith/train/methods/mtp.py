@@ -32,7 +32,7 @@ class MTPMethod:
     @staticmethod
     def positions(cfg: TrainConfig) -> int:
         """Per-position metrics: one per unrolled step."""
-        return cfg.ttt_steps
+        return cfg.settings.ttt_steps
 
     @staticmethod
     def check(cfg: TrainConfig) -> None:
@@ -42,6 +42,8 @@ class MTPMethod:
                 f"--init {cfg.init}: give random, last_layer, native, or a folder holding an MTP head "
                 "(mtp.* tensors)"
             )
+        if not cfg.settings.ttt_steps > 0:
+            raise UserError(f"--ttt-steps {cfg.settings.ttt_steps} must be positive")
 
     def __init__(self, cfg: TrainConfig, target, examples, world) -> None:
         self.cfg, self.target, self.world = cfg, target, world
@@ -56,7 +58,7 @@ class MTPMethod:
     def forward_backward(
         self, examples, ids: list[int], step: int, autocast, train: bool = True
     ) -> torch.Tensor:
-        S = self.cfg.ttt_steps
+        S = self.cfg.settings.ttt_steps
         if not examples:
             return idle_parts(self.world, S)
         batch, features, logits = packed_signal(self, examples, ids, train)
@@ -75,7 +77,7 @@ class MTPMethod:
         return _SavedHead(self.model, self.target.config, dtype)
 
     def info(self) -> dict:
-        return {"init": self.cfg.init, "ttt_steps": self.cfg.ttt_steps}
+        return {"init": self.cfg.init, "ttt_steps": self.cfg.settings.ttt_steps}
 
 
 class _SavedHead:
