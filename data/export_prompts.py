@@ -21,8 +21,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from draftsmith.bench.workloads import load_workload
 from draftsmith.data.regenerate import iter_source, plan_turns
+from draftsmith.data.workloads import load_workload
 from draftsmith.fileio import atomic_write_text
 from draftsmith.train.data import load_conversations
 

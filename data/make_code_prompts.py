@@ -21,7 +21,7 @@ import random
 import sysconfig
 from pathlib import Path
 
-from draftsmith.bench.workloads import CODE_REQUEST, load_workload
+from draftsmith.data.workloads import CODE_REQUEST, load_workload
 from draftsmith.fileio import atomic_write_text
 
 SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__", "idlelib"}

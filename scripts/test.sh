@@ -4,6 +4,6 @@
 # (pytest keeps the last -m: `scripts/test.sh -m "not slow"`).
 set -euo pipefail
 cd "$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-.venv/bin/ruff check draftsmith tests
-.venv/bin/ruff format --check draftsmith tests
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
 .venv/bin/python -m pytest -m "slow or not slow" "$@"
