@@ -46,6 +46,7 @@ from draftsmith.target.quantize import int8_linear, quantize_int8
 Weight = tuple[torch.Tensor, torch.Tensor | None]
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+PREFILL_SDPA_MIN = 1 << 20  # query x key pairs above which attention goes through SDPA
 
 
 @dataclass(frozen=True)
@@ -234,7 +235,15 @@ def _layer(
         keys, values = kbuf[rows[:, 0], :, :kv], vbuf[rows[:, 0], :, :kv]
     else:
         keys, values = kbuf[:b, :, :kv], vbuf[:b, :, :kv]
-    attn = grouped_attention(query, keys, values, mask).transpose(1, 2).reshape(b, q, h * d)
+    if q * kv >= PREFILL_SDPA_MIN:
+        # A long prefill: SDPA's blocked kernel never holds the whole [q, kv] score matrix.
+        # (KV heads repeated per query group: dynamic shapes make enable_gqa a symbolic bool it refuses)
+        g = h // kvh
+        k_all, v_all = keys.repeat_interleave(g, dim=1), values.repeat_interleave(g, dim=1)
+        attn = F.scaled_dot_product_attention(query, k_all, v_all, attn_mask=mask)
+    else:
+        attn = grouped_attention(query, keys, values, mask)
+    attn = attn.transpose(1, 2).reshape(b, q, h * d)
     x = x + _linear(attn, w["wo"], w["bo"], mode)
     y = _rms(x, w["n2"], s.eps)
     gate, up = _linear(y, w["wgu"], None, mode).split([s.intermediate, s.intermediate], dim=-1)

@@ -94,6 +94,15 @@ def test_compiled_speculative_decoding_equals_plain(monkeypatch):
     assert [r.token_ids for r in generate(t, None, prompts, max_new_tokens=24)] == [r.token_ids for r in ar]
 
 
+@pytest.mark.parametrize("compiled", ["0", "1"])
+def test_long_prefill_through_sdpa_equals_transformers(monkeypatch, compiled):
+    # Past PREFILL_SDPA_MIN query x key pairs attention is SDPA's; lowered here so the tiny forwards
+    # (prefill and verification) take that branch while one-token steps keep the grouped products.
+    monkeypatch.setattr(lean_decoder, "PREFILL_SDPA_MIN", 40)
+    monkeypatch.setenv("DRAFTSMITH_COMPILE", compiled)
+    _assert_same(tiny_target("llama"))
+
+
 def test_switch_off_takes_the_stock_path(monkeypatch):
     monkeypatch.setenv("DRAFTSMITH_FAST", "0")
     assert tiny_target("llama").path == "stock"
