@@ -324,7 +324,7 @@ def cmd_features(args) -> int:
         args.out,
         shard_tokens=args.shard_tokens,
         batch_tokens=args.batch_tokens,
-        dtype=torch.bfloat16 if args.dtype == "bfloat16" else torch.float32,
+        dtype=target.dtype,  # what --dtype resolved to: a bf16 target's features are bf16 values
         meta={"data": os.path.basename(args.data), "max_len": args.max_len},
         progress=not args.no_progress,
     )
