@@ -165,6 +165,7 @@ class LeanDecoder:
         mask: torch.Tensor,  # [b, 1, q, kv] bool, True = may attend
         rows: torch.Tensor | None = None,  # [b] the cache rows these are, or None for rows 0..b-1
         keep_layers: tuple[int, ...] = (),
+        causal: bool = False,  # `mask` is exactly causal over q == kv positions (a prefill into empty rows)
     ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """Final-normed hidden states [b, q, hidden] and the outputs of `keep_layers`."""
         x = self.embed(input_ids)
@@ -174,7 +175,7 @@ class LeanDecoder:
         kept: dict[int, torch.Tensor] = {}
         for i, w in enumerate(self.layers):
             x = self.layer_fn(
-                x, cos, sin, keys[i], values[i], rows, subset, slots, mask, w, self.shape, self.mode
+                x, cos, sin, keys[i], values[i], rows, subset, slots, mask, w, self.shape, self.mode, causal
             )
             if i in keep_layers:
                 kept[i] = x
@@ -216,6 +217,7 @@ def _layer(
     w: dict,
     s: Shape,
     mode: str,
+    causal: bool = False,
 ) -> torch.Tensor:
     b, q, _ = x.shape
     kv = mask.shape[-1]
@@ -240,7 +242,10 @@ def _layer(
         # (KV heads repeated per query group: dynamic shapes make enable_gqa a symbolic bool it refuses)
         g = h // kvh
         k_all, v_all = keys.repeat_interleave(g, dim=1), values.repeat_interleave(g, dim=1)
-        attn = F.scaled_dot_product_attention(query, k_all, v_all, attn_mask=mask)
+        if causal:  # SDPA skips the key blocks above the diagonal: half the work of a masked prefill
+            attn = F.scaled_dot_product_attention(query, k_all, v_all, is_causal=True)
+        else:
+            attn = F.scaled_dot_product_attention(query, k_all, v_all, attn_mask=mask)
     else:
         attn = grouped_attention(query, keys, values, mask)
     attn = attn.transpose(1, 2).reshape(b, q, h * d)

@@ -232,7 +232,11 @@ class Target:
             layers = [cache.keys[i] for i in self.attention_layers]
             values = [cache.values[i] for i in self.attention_layers]
             keep = tuple(i for i in feature_layers if i != FINAL_HIDDEN)
-            hidden, kept = self.lean().forward(layers, values, input_ids, slots, positions, mask, rows, keep)
+            # Every row empty and no tree: the mask is the plain causal one, which SDPA need not read.
+            causal = tree is None and kv_len == q
+            hidden, kept = self.lean().forward(
+                layers, values, input_ids, slots, positions, mask, rows, keep, causal=causal
+            )
         finally:
             cache.end()
         feats = None

@@ -139,3 +139,26 @@ def test_int8_target_is_exact_against_itself_and_close_to_its_dequantized_weight
 def test_int8_refused_where_the_lean_forward_does_not_run():
     with pytest.raises(UserError, match="--quantize int8 needs the lean CPU forward"):
         Target(tiny_model("qwen3_moe"), tokenizer=None, name="tiny-moe", quantize="int8")
+
+
+def test_prefill_into_empty_rows_takes_the_causal_kernel(monkeypatch):
+    """A prefill into empty rows asks SDPA for `is_causal` (it skips the blocks above the diagonal)
+    instead of passing the mask; any forward over cached keys passes its mask."""
+    monkeypatch.setattr(lean_decoder, "PREFILL_SDPA_MIN", 40)
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        calls.append((kwargs.get("is_causal", False), kwargs.get("attn_mask") is not None))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(lean_decoder.F, "scaled_dot_product_attention", spy)
+    t = tiny_target("llama")
+    cache = t.new_cache(2, 64)
+    t.forward(cache, torch.randint(0, 96, (2, 9)))
+    assert calls and all(c == (True, False) for c in calls)
+    cache.advance(0, 9)
+    cache.advance(1, 9)
+    calls.clear()
+    t.forward(cache, torch.randint(0, 96, (2, 9)))
+    assert calls and all(c == (False, True) for c in calls)
