@@ -5,9 +5,9 @@
 # run whose match_rate must be 1.0 for every method. Results land in benchmarks/results/.
 # MTP runs at k=3 (`@3`): each of its draft steps is a target-sized layer plus the target's 49k-row
 # LM head, about a quarter of a SmolLM2 forward, so long chains cost more than they return.
-# `bash benchmarks/speculators_smollm2.sh t0` (or t1, fp32, eagle3, eagle3-t1, learned, learned-t1, draftlm,
+# `bash benchmarks/speculators_smollm2.sh t0` (or t1, fp32, eagle3, eagle3-t1, dflash, learned, learned-t1, draftlm,
 # draftlm-t1; several in a row) runs those parts;
-# WORKLOADS="code chat" limits the eagle3 parts to those workloads.
+# WORKLOADS="code chat" limits the eagle3, dflash, learned and draftlm parts to those workloads.
 # min_prob=0.2 cuts EAGLE-3 chains where the draft is unsure (best of 0.2/0.4/0.6 on 5 code prompts).
 # The hybrid drafts with suffix decoding where its expected accepted length is at least 2, else EAGLE-3
 # (min_score 0.5/1/2/3/4 on 5 code prompts x 128: tau 1.82/1.91/2.03/2.02/2.04; suffix 1.56, EAGLE-3 1.64).
@@ -96,10 +96,18 @@ for part in ${parts}; do
                 --drafters "ar,ngram,suffix,${draftlm_fast}@${draft_k},${e3},${df},${draftlm_hybrid}"
         done
         ;;
+    dflash)
+        # After retraining DFlash alone: its rows and its suffix hybrid against the training-free
+        # drafters, without rerunning the other speculators (their taus are in the learned tables).
+        for w in ${workloads}; do
+            run "speculators-dflash-${w}-t0" --workload "${w}" \
+                --drafters "ar,ngram,suffix,${df},suffix:min_score=2+${df}"
+        done
+        ;;
     fp32)
         run "speculators-code-fp32" --workload code --dtype float32 --num-prompts 5 \
             --drafters "ar,ngram,suffix,${e3},${tree},${df},${mtp}"
         ;;
-    *) echo "unknown part ${part}: use t0, t1, fp32, eagle3, eagle3-t1, learned, learned-t1, draftlm or draftlm-t1" >&2; exit 2 ;;
+    *) echo "unknown part ${part}: use t0, t1, fp32, eagle3, eagle3-t1, dflash, learned, learned-t1, draftlm or draftlm-t1" >&2; exit 2 ;;
     esac
 done
