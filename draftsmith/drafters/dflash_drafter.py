@@ -10,7 +10,9 @@ A proposal runs the block [last committed token, MASK x (B-1)] at positions n..n
 layers, attending to the context cache and bidirectionally to itself. The block's own keys/values
 live only inside that forward, so they are dropped by construction. Slot j (1..B-1) predicts the
 token at n+j; a `k` below B-1 takes the first k of the same block (the model is always run at the
-block size it was trained with, as a shorter block would change what the slots see).
+block size it was trained with, as a shorter block would change what the slots see). On a CPU both
+forwards (the context K/V of a commit, the block of a proposal) run on packed weights and compiled
+(`dflash_fast.py`); elsewhere, or with `DRAFTSMITH_FAST=0`, they are the model's own modules.
 
 Draft tokens are the argmax and the draft is deterministic (`probs=None`, a one-hot q): at
 temperature > 0 verification then accepts x with probability p(x) and resamples from p with x
@@ -29,6 +31,7 @@ import torch
 
 from draftsmith.drafters.base import Draft, FactoryBase
 from draftsmith.drafters.dflash import DFlashModel, load_dflash
+from draftsmith.drafters.dflash_fast import FastDFlash, available
 from draftsmith.drafters.draft_kv import DraftKV
 from draftsmith.drafters.options import check_probability, split_path_options
 from draftsmith.errors import UserError
@@ -48,6 +51,7 @@ class DFlashDrafter:
         self.length = 0  # context positions held
         self.last: int | None = None  # the last committed token: the block's first slot
         self.min_prob = factory.min_prob
+        self.fast = factory.fast
 
     def start(self, prompt_ids: list[int], features: torch.Tensor | None) -> None:
         self.last = prompt_ids[-1]
@@ -64,9 +68,13 @@ class DFlashDrafter:
         if features is None or features.shape[0] == 0:
             return
         n = features.shape[0]
-        c = self.model.fuse(features.to(self.device, self.dtype))[None]  # [1, n, H]
+        features = features.to(self.device, self.dtype)
         pos = torch.arange(self.length, self.length + n, device=self.device)[None]
-        for layer, (k, v) in enumerate(self.model.context_kv(c, pos)):
+        if self.fast is not None:
+            kvs = self.fast.context_kv(features[None], *self.model.rope(features, pos))
+        else:
+            kvs = self.model.context_kv(self.model.fuse(features)[None], pos)  # fused: [1, n, H]
+        for layer, (k, v) in enumerate(kvs):
             self.ctx.write(self.length, k, v, layer)
         self.length += n
 
@@ -78,7 +86,11 @@ class DFlashDrafter:
         ids[0, 0] = self.last
         pos = torch.arange(self.length, self.length + B, device=self.device)[None]
         context = [self.ctx.view(self.length, layer) for layer in range(len(self.model.layers))]
-        hidden = self.model(ids, pos, context)  # [1, B, H]
+        if self.fast is not None:
+            h = self.model.embed(ids, self.dtype)
+            hidden = self.fast.block(h, *self.model.rope(h, pos), context)
+        else:
+            hidden = self.model(ids, pos, context)  # [1, B, H]
         return self.model.logits(hidden[0, 1:])
 
     def propose(self, k: int) -> Draft:
@@ -103,6 +115,7 @@ class DFlashFactory(FactoryBase):
         self.min_prob = min_prob  # blocks are cut at the first slot the model gives less
         self.model: DFlashModel | None = None
         self.needs_features: tuple[int, ...] = ()
+        self.fast: FastDFlash | None = None
 
     @property
     def block_size(self) -> int:
@@ -114,6 +127,8 @@ class DFlashFactory(FactoryBase):
         embed, head = target.model.get_input_embeddings(), target.model.get_output_embeddings()
         self.model = load_dflash(self.path, embed, head, dtype=target.dtype).to(target.device)
         use_fast_linear(self.model)  # the block's products, as the target's (its head is the target's)
+        if available(self.model):
+            self.fast = FastDFlash(self.model)  # packed and compiled (see dflash_fast.py)
         self.needs_features = tuple(self.model.target_layer_ids)
         if max(self.needs_features) >= target.num_layers or min(self.needs_features) < 0:
             raise UserError(

@@ -127,10 +127,7 @@ class LeanDecoder:
             self.layer_fn = torch.compile(_layer, dynamic=True, fullgraph=True)
 
     def _weight(self, w: torch.Tensor) -> Weight:
-        if self.mode == "int8":
-            q, scale = quantize_int8(w)
-            return q, scale.to(self.dtype)
-        return (pack_weight(w) if self.mode == "packed" else w.detach()), None
+        return prepare_weight(w, self.mode, self.dtype)
 
     def _layer(self, layer) -> dict:
         a, m = layer.self_attn, layer.mlp
@@ -186,7 +183,7 @@ class LeanDecoder:
         self.head = self._weight(self.model_head[rows].contiguous())
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return _linear(hidden, self.head, None, self.mode).float()
+        return linear(hidden, self.head, None, self.mode).float()
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -195,7 +192,16 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
-def _linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None, mode: str) -> torch.Tensor:
+def prepare_weight(w: torch.Tensor, mode: str, dtype: torch.dtype) -> Weight:
+    """A [out, in] weight as `linear` takes it in `mode` ("packed", "plain" or "int8")."""
+    if mode == "int8":
+        q, scale = quantize_int8(w)
+        return q, scale.to(dtype)
+    return (pack_weight(w) if mode == "packed" else w.detach()), None
+
+
+def linear(x: torch.Tensor, w: Weight, bias: torch.Tensor | None, mode: str) -> torch.Tensor:
+    """x @ W.T (+ bias) for a weight made by `prepare_weight` in the same mode."""
     if mode == "packed":
         return packed_linear(x, w[0], bias)
     if mode == "int8":
@@ -223,7 +229,7 @@ def _layer(
     kv = mask.shape[-1]
     h, kvh, d = s.heads, s.kv_heads, s.head_dim
     y = _rms(x, w["n1"], s.eps)
-    qkv = _linear(y, w["wqkv"], w["bqkv"], mode)
+    qkv = linear(y, w["wqkv"], w["bqkv"], mode)
     query, key, value = qkv.split([h * d, kvh * d, kvh * d], dim=-1)
     query, key = query.view(b, q, h, d), key.view(b, q, kvh, d)
     if w["qn"] is not None:
@@ -249,7 +255,7 @@ def _layer(
     else:
         attn = grouped_attention(query, keys, values, mask)
     attn = attn.transpose(1, 2).reshape(b, q, h * d)
-    x = x + _linear(attn, w["wo"], w["bo"], mode)
+    x = x + linear(attn, w["wo"], w["bo"], mode)
     y = _rms(x, w["n2"], s.eps)
-    gate, up = _linear(y, w["wgu"], None, mode).split([s.intermediate, s.intermediate], dim=-1)
-    return x + _linear(F.silu(gate) * up, w["wd"], None, mode)
+    gate, up = linear(y, w["wgu"], None, mode).split([s.intermediate, s.intermediate], dim=-1)
+    return x + linear(F.silu(gate) * up, w["wd"], None, mode)
