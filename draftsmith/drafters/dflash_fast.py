@@ -65,6 +65,26 @@ class FastDFlash:
             torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
             self.block_fn = torch.compile(_block, dynamic=True, fullgraph=True)
             self.context_fn = torch.compile(_context, dynamic=True, fullgraph=True)
+            self._warm_up(model)
+
+    @torch.inference_mode()  # as the drafter calls it: guards tell inference tensors apart
+    def _warm_up(self, model: DFlashModel) -> None:
+        """Build every graph now, not in the middle of a measured decode: a commit of one token and
+        of several (sizes of 1 are specialised), and blocks over contexts of two lengths unlike any
+        other size (equal sizes would be assumed equal ever after)."""
+        p = next(model.parameters())
+        k, h = len(model.target_layer_ids), model.config.hidden_size
+        context = []
+        for n in (1, 37, 41):
+            feats = torch.zeros(1, n, k, h, dtype=p.dtype, device=p.device)
+            pos = torch.arange(n, device=p.device)[None]
+            context = self.context_kv(feats, *model.rope(feats, pos))
+        for length in (41, 39):
+            ctx = [(ck[:, :, :length], cv[:, :, :length]) for ck, cv in context]
+            ids = torch.full((1, model.block_size), model.mask_token_id, device=p.device)
+            pos = torch.arange(length, length + model.block_size, device=p.device)[None]
+            x = model.embed(ids, p.dtype)
+            self.block(x, *model.rope(x, pos), ctx)
 
     def _weight(self, w: torch.Tensor) -> lean_decoder.Weight:
         return lean_decoder.prepare_weight(w.detach(), self.mode, w.dtype)
@@ -101,6 +121,9 @@ class FastDFlash:
         context: list[tuple[torch.Tensor, torch.Tensor]],
     ) -> torch.Tensor:
         """Final-normed hidden states [1, B, H] of the block, as `DFlashModel.forward`."""
+        # Contiguous copies: a view of the cache's buffer has strides that change as it grows, and
+        # each new stride would compile the graph again.
+        context = [(k.contiguous(), v.contiguous()) for k, v in context]
         return self.block_fn(h, cos, sin, context, self.layers, self.norm, self.shape, self.mode)
 
 
