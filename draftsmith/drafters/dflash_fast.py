@@ -20,7 +20,6 @@ not depend on this path; `tests/drafters/test_dflash_fast.py` pins it to the mod
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -30,15 +29,6 @@ from draftsmith.drafters.dflash import DFlashModel
 from draftsmith.target import lean_decoder
 from draftsmith.target.attention import grouped_attention
 from draftsmith.target.packed import can_pack
-
-
-@dataclass(frozen=True)
-class Shape:
-    heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    eps: float
 
 
 def available(model: DFlashModel) -> bool:
@@ -55,7 +45,9 @@ class FastDFlash:
         self.mode = "packed" if can_pack(p.dtype, p.device) else "plain"
         cfg = model.config
         a = model.layers[0].self_attn
-        self.shape = Shape(a.heads, a.kv_heads, a.head_dim, cfg.intermediate_size, cfg.rms_norm_eps)
+        self.shape = lean_decoder.Shape(
+            a.heads, a.kv_heads, a.head_dim, cfg.intermediate_size, cfg.rms_norm_eps
+        )
         self.fc = self._weight(model.fc.weight)
         self.hidden_norm = model.hidden_norm.weight.detach()
         self.norm = model.norm.weight.detach()
@@ -131,7 +123,7 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return x * cos[:, None] + rotate_half(x) * sin[:, None]
 
 
-def _heads(x: torch.Tensor, heads: int, norm: torch.Tensor | None, s: Shape) -> torch.Tensor:
+def _heads(x: torch.Tensor, heads: int, norm: torch.Tensor | None, s: lean_decoder.Shape) -> torch.Tensor:
     """[b, n, heads * d] -> [b, heads, n, d], RMS-normed per head when `norm` is given."""
     b, n, _ = x.shape
     x = x.view(b, n, heads, s.head_dim)
@@ -140,7 +132,7 @@ def _heads(x: torch.Tensor, heads: int, norm: torch.Tensor | None, s: Shape) -> 
     return x.transpose(1, 2)
 
 
-def _context(features, cos, sin, fc, hidden_norm, layers: list[dict], s: Shape, mode: str):
+def _context(features, cos, sin, fc, hidden_norm, layers: list[dict], s: lean_decoder.Shape, mode: str):
     b, n = features.shape[:2]
     c = lean_decoder.linear(features.reshape(b, n, -1), fc, None, mode)
     c = F.rms_norm(c, (c.shape[-1],), hidden_norm, s.eps)
@@ -151,7 +143,7 @@ def _context(features, cos, sin, fc, hidden_norm, layers: list[dict], s: Shape, 
     return out
 
 
-def _block(h, cos, sin, context, layers: list[dict], norm, s: Shape, mode: str):
+def _block(h, cos, sin, context, layers: list[dict], norm, s: lean_decoder.Shape, mode: str):
     b, n, width = h.shape
     hd, kvd = s.heads * s.head_dim, s.kv_heads * s.head_dim
     for w, (ck, cv) in zip(layers, context, strict=True):
