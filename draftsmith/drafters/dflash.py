@@ -192,6 +192,7 @@ class DFlashModel(nn.Module):
         object.__setattr__(self, "embed_tokens", embed_tokens)
         object.__setattr__(self, "lm_head", lm_head)
         self.embed_scale = float(config.dflash_config.get("input_embedding_scale", 1.0))
+        self.vocab_order: torch.Tensor | None = None  # token ids by training-data frequency, if known
 
     @property
     def target_layer_ids(self) -> list[int]:
@@ -249,10 +250,14 @@ class DFlashModel(nn.Module):
     # ---- checkpoints: the z-lab / SGLang / vLLM layout (no embedding, no LM head) ----------------
 
     def save(self, path: str | Path, extra: dict | None = None) -> None:
+        """The weights and config; with `vocab_order` set, the token ranking `dflash:PATH:vocab=N` reads."""
         from draftsmith.fileio import save_checkpoint_dir
+        from draftsmith.formats import vocab_order
 
         state = {k: v for k, v in self.state_dict().items() if not k.startswith("rotary.")}
         save_checkpoint_dir(path, state, config_dict(self.config, self.fc.weight.dtype), extra)
+        if self.vocab_order is not None:
+            vocab_order.save(path, self.vocab_order, as_json=True)
 
 
 @torch.no_grad()

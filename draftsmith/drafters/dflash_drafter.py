@@ -21,6 +21,12 @@ removed, which is exact (see `decoding/verify.py`).
 `dflash:PATH:min_prob=P` cuts the block at the first slot whose argmax has a draft probability
 below P, so verification is not spent on slots the draft does not believe in; the cut depends on
 the draft alone, so it stays exact.
+
+`dflash:PATH:vocab=N` drafts over the N tokens most frequent in the speculator's training data
+(the ranking its training saves, `vocab_order.json`) instead of the target's whole vocabulary: the
+head read for every slot of every block shrinks by V/N (SmolLM2: 49,152 rows, 56 MB in bf16, a third
+of a block's drafting time). A token outside those N is never drafted; verification is unchanged,
+so the output stays exact.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
 from draftsmith.drafters.base import Draft, FactoryBase
 from draftsmith.drafters.dflash import DFlashModel, load_dflash
@@ -35,6 +42,7 @@ from draftsmith.drafters.dflash_fast import FastDFlash, available
 from draftsmith.drafters.draft_kv import DraftKV
 from draftsmith.drafters.options import check_probability, split_path_options
 from draftsmith.errors import UserError
+from draftsmith.formats import vocab_order
 from draftsmith.target.packed import use_fast_linear
 
 if TYPE_CHECKING:
@@ -52,6 +60,7 @@ class DFlashDrafter:
         self.last: int | None = None  # the last committed token: the block's first slot
         self.min_prob = factory.min_prob
         self.fast = factory.fast
+        self.head, self.head_rows = factory.head, factory.head_rows  # None: the target's whole head
 
     def start(self, prompt_ids: list[int], features: torch.Tensor | None) -> None:
         self.last = prompt_ids[-1]
@@ -80,7 +89,8 @@ class DFlashDrafter:
 
     @torch.inference_mode()
     def block_logits(self) -> torch.Tensor:
-        """[B-1, V] logits of the mask slots for the block at the current frontier."""
+        """[B-1, V] logits of the mask slots for the block at the current frontier (V: the head's rows,
+        which are `head_rows` with `vocab=N`)."""
         B = self.model.block_size
         ids = torch.full((1, B), self.model.mask_token_id, dtype=torch.long, device=self.device)
         ids[0, 0] = self.last
@@ -91,6 +101,8 @@ class DFlashDrafter:
             hidden = self.fast.block(h, *self.model.rope(h, pos), context)
         else:
             hidden = self.model(ids, pos, context)  # [1, B, H]
+        if self.head is not None:
+            return self.head(hidden[0, 1:].to(self.head.weight.dtype))
         return self.model.logits(hidden[0, 1:])
 
     def propose(self, k: int) -> Draft:
@@ -98,11 +110,17 @@ class DFlashDrafter:
             return Draft(tokens=[])
         logits = self.block_logits()[:k]
         if not self.min_prob:
-            return Draft(tokens=logits.argmax(-1).tolist())
+            return Draft(tokens=self._ids(logits.argmax(-1)))
+        # Over a cut head this is the probability among the kept tokens: a cut that trusts a little
+        # more, never a change to what verification accepts.
         confidence, tokens = torch.softmax(logits.float(), -1).max(-1)
         low = (confidence < self.min_prob).nonzero()
         keep = int(low[0]) if len(low) else len(tokens)
-        return Draft(tokens=tokens[:keep].tolist())
+        return Draft(tokens=self._ids(tokens[:keep]))
+
+    def _ids(self, rows: torch.Tensor) -> list[int]:
+        """Head rows -> target token ids."""
+        return (rows if self.head_rows is None else self.head_rows[rows]).tolist()
 
 
 class DFlashFactory(FactoryBase):
@@ -110,12 +128,15 @@ class DFlashFactory(FactoryBase):
 
     name = "dflash"
 
-    def __init__(self, path: str, min_prob: float = 0.0) -> None:
+    def __init__(self, path: str, min_prob: float = 0.0, vocab: int = 0) -> None:
         self.path = path
         self.min_prob = min_prob  # blocks are cut at the first slot the model gives less
+        self.vocab = vocab  # 0: the target's whole head; else its rows for the `vocab` most frequent tokens
         self.model: DFlashModel | None = None
         self.needs_features: tuple[int, ...] = ()
         self.fast: FastDFlash | None = None
+        self.head: nn.Linear | None = None  # the cut head (vocab > 0)
+        self.head_rows: torch.Tensor | None = None  # the target ids of its rows
 
     @property
     def block_size(self) -> int:
@@ -127,6 +148,9 @@ class DFlashFactory(FactoryBase):
         embed, head = target.model.get_input_embeddings(), target.model.get_output_embeddings()
         self.model = load_dflash(self.path, embed, head, dtype=target.dtype).to(target.device)
         use_fast_linear(self.model)  # the block's products, as the target's (its head is the target's)
+        if self.vocab:
+            self.head_rows = vocab_order.head_rows("dflash", self.path, self.vocab, target.vocab_size)
+            self.head = _cut_head(head.weight, self.head_rows)
         if available(self.model):
             self.fast = FastDFlash(self.model)  # packed and compiled (see dflash_fast.py)
         self.needs_features = tuple(self.model.target_layer_ids)
@@ -145,9 +169,22 @@ class DFlashFactory(FactoryBase):
         return DFlashDrafter(self)
 
 
+@torch.no_grad()
+def _cut_head(weight: torch.Tensor, rows: torch.Tensor) -> nn.Linear:
+    """A bias-free head holding `weight`'s `rows` (a copy: the target's head stays whole)."""
+    head = nn.Linear(weight.shape[1], len(rows), bias=False, device=weight.device, dtype=weight.dtype)
+    head.weight.copy_(weight[rows.to(weight.device)])
+    head.requires_grad_(False)
+    use_fast_linear(head)
+    return head
+
+
 def build(arg: str | None) -> DFlashFactory:
-    """`dflash:PATH[:min_prob=0]`: one block per step, cut at the first slot below min_prob."""
+    """`dflash:PATH[:min_prob=0][:vocab=0]`: one block per step, cut at the first slot below
+    min_prob, drafted over the `vocab` most frequent tokens (0: all)."""
     if not arg:
-        raise UserError("dflash needs a checkpoint: use dflash:PATH[:min_prob=P]")
-    path, o = split_path_options(arg, {"min_prob": 0.0})
-    return DFlashFactory(path, min_prob=check_probability("min_prob", o["min_prob"]))
+        raise UserError("dflash needs a checkpoint: use dflash:PATH[:min_prob=P][:vocab=N]")
+    path, o = split_path_options(arg, {"min_prob": 0.0, "vocab": 0})
+    if o["vocab"] < 0:
+        raise UserError(f"dflash option vocab={o['vocab']} must be a positive token count (or 0 for all)")
+    return DFlashFactory(path, min_prob=check_probability("min_prob", o["min_prob"]), vocab=int(o["vocab"]))

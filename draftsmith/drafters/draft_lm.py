@@ -49,12 +49,8 @@ from draftsmith.decoding.sampling import SamplingParams, draft_generator
 from draftsmith.drafters.base import Draft, FactoryBase
 from draftsmith.drafters.options import check_probability, split_path_options
 from draftsmith.errors import UserError
-from draftsmith.formats.draft_lm_format import (
-    VOCAB_ORDER,
-    load_shared,
-    load_vocab_order,
-    shares_target_embedding,
-)
+from draftsmith.formats import vocab_order
+from draftsmith.formats.draft_lm_format import load_shared, shares_target_embedding
 from draftsmith.target.model import Target
 
 SPARE = 256  # positions a request's cache holds beyond what it needs when (re)allocated
@@ -189,7 +185,9 @@ class DraftLMFactory(FactoryBase):
                 )
             if self.vocab:
                 # Ids the target has and the draft's head has a row for.
-                self.head_rows = _head_rows(self.path, self.vocab, min(target.vocab_size, lm.vocab_size))
+                self.head_rows = vocab_order.head_rows(
+                    "draft", self.path, self.vocab, min(target.vocab_size, lm.vocab_size)
+                )
                 lm.restrict_head(self.head_rows)
             self.lm = lm
             self.vocab_size = target.vocab_size
@@ -203,18 +201,6 @@ class DraftLMFactory(FactoryBase):
             raise RuntimeError("DraftLMFactory.bind(target, sampling) must run before drafting")
         s = sampling or self.sampling
         return DraftLMDrafter(self, s, generator or draft_generator(s.seed, next(self._requests)))
-
-
-def _head_rows(path: str, n: int, vocab_size: int) -> torch.Tensor:
-    """The target ids of the `n` most frequent tokens, from the folder's saved ranking."""
-    order = load_vocab_order(path)
-    if order is None:
-        raise UserError(
-            f"draft:{path}:vocab={n}: the folder has no {VOCAB_ORDER} (the token ranking "
-            "`draftsmith train draft-lm` saves): drop vocab= to draft over the whole vocabulary"
-        )
-    order = order[order < vocab_size]
-    return order[:n].clone()
 
 
 def load_draft_lm(path: str, target: Target) -> Target:

@@ -35,6 +35,7 @@ from transformers import Qwen3Config
 
 from draftsmith.errors import UserError
 from draftsmith.fileio import atomic_dir, atomic_write_json, require_empty_dir
+from draftsmith.formats import vocab_order
 
 ARCHITECTURE = "DFlashDraftModel"
 DEFAULT_BLOCK_SIZE = 16
@@ -160,6 +161,8 @@ def export_dflash(src: str | Path, dst: str | Path, fmt: str = "vllm") -> Path:
         atomic_write_json(tmp / "config.json", cfg)
         for f in sorted(code):
             shutil.copyfile(src / f, tmp / f)
+        if (src / vocab_order.JSON).is_file():  # draftsmith's `vocab=N`; other engines ignore it
+            shutil.copyfile(src / vocab_order.JSON, tmp / vocab_order.JSON)
         if meta_file.is_file():
             atomic_write_json(
                 tmp / "draftsmith.json", json.loads(meta_file.read_text()) | {"exported_as": fmt}

@@ -24,12 +24,13 @@ from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel
 
 from draftsmith.errors import UserError
 from draftsmith.fileio import atomic_write_json, save_checkpoint_dir
+from draftsmith.formats import vocab_order
 
 KIND = "draft-lm"
 SHARED = ("model.embed_tokens.weight", "lm_head.weight")  # the target's, in a shared-embedding folder
 # Every token id, the most frequent in the training data's assistant tokens first: `draft:PATH:vocab=N`
 # keeps the head's first N rows in this order (a smaller head, read at every draft step).
-VOCAB_ORDER = "vocab_order.safetensors"
+VOCAB_ORDER = vocab_order.SAFETENSORS
 
 
 def shares_target_embedding(folder: str | Path) -> bool:
@@ -53,17 +54,12 @@ def save_shared(model: PreTrainedModel, path: str | Path, extra: dict, dtype: to
 
 def save_vocab_order(path: str | Path, order: torch.Tensor) -> None:
     """Write the ranking of token ids (a permutation of the vocabulary) beside the weights."""
-    from draftsmith.fileio import atomic_save_safetensors
-
-    atomic_save_safetensors({"ids": order.to(torch.int32).contiguous()}, Path(path) / VOCAB_ORDER)
+    vocab_order.save(path, order)
 
 
 def load_vocab_order(path: str | Path) -> torch.Tensor | None:
     """The folder's token ranking (int64 [V]), or None where it has none."""
-    from safetensors.torch import load_file
-
-    file = Path(path).expanduser() / VOCAB_ORDER
-    return load_file(str(file))["ids"].long() if file.is_file() else None
+    return vocab_order.load(path)
 
 
 def save_full(model: PreTrainedModel, path: str | Path, dtype: torch.dtype, tokenizer=None) -> Path:

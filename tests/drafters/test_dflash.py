@@ -10,6 +10,8 @@ from draftsmith.decoding.engine import DecodeStats, generate
 from draftsmith.decoding.sampling import SamplingParams
 from draftsmith.drafters import registry
 from draftsmith.drafters.dflash import DFlashModel, make_config
+from draftsmith.errors import UserError
+from draftsmith.formats import vocab_order
 
 LAYER_IDS = {"llama": [0, 1], "qwen3": [0, 1], "qwen3_5": [0, 1, 3]}
 
@@ -103,18 +105,53 @@ def test_min_prob_cuts_the_block_at_the_first_unsure_slot(tmp_path):
     assert blocks[0.5] == blocks[0.0][:first_low]
 
 
+def test_a_cut_head_drafts_the_kept_tokens_argmax(tmp_path):
+    t = tiny_target("llama")
+    make_drafter(t, tmp_path / "d", block_size=8)
+    order = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(1))
+    vocab_order.save(tmp_path / "d", order, as_json=True)
+    prompt = random_prompts(1, seed=5)[0]
+    full = registry.build(f"dflash:{tmp_path / 'd'}")
+    cut = registry.build(f"dflash:{tmp_path / 'd'}:vocab=20")
+    drafts = {}
+    for name, f in (("full", full), ("cut", cut)):
+        f.bind(t, SamplingParams())
+        d = f()
+        d.start(prompt, _features(t, prompt, f.needs_features))
+        drafts[name] = d.propose(7).tokens
+        if name == "full":
+            logits = d.block_logits()
+    kept = order[:20]
+    want = kept[logits[:7, kept].argmax(-1)].tolist()
+    assert drafts["cut"] == want and set(want) <= set(kept.tolist())
+
+
+def test_a_cut_head_needs_the_saved_ranking(tmp_path):
+    t = tiny_target("llama")
+    make_drafter(t, tmp_path / "d")
+    f = registry.build(f"dflash:{tmp_path / 'd'}:vocab=20")
+    with pytest.raises(UserError, match="vocab_order.json"):
+        f.bind(t, SamplingParams())
+    with pytest.raises(UserError, match="vocab=-1"):
+        registry.build(f"dflash:{tmp_path / 'd'}:vocab=-1")
+
+
 @pytest.mark.parametrize("kind", ["llama", "qwen3", "qwen3_5"])
 @pytest.mark.parametrize("k", [2, 15])
 def test_greedy_with_dflash_equals_plain(tmp_path, kind, k):
     t = tiny_target(kind)
     make_drafter(t, tmp_path / "d", kind=kind, block_size=16)
     prompts = random_prompts(2 if kind == "qwen3_5" else 3, seed=k)
+    vocab_order.save(tmp_path / "d", torch.randperm(VOCAB, generator=torch.Generator().manual_seed(k)), True)
     ar = generate(t, None, prompts, max_new_tokens=20)
-    out = generate(t, registry.build(f"dflash:{tmp_path / 'd'}"), prompts, k=k, max_new_tokens=20)
-    assert [r.token_ids for r in out] == [r.token_ids for r in ar]
+    for options in ("", f":vocab={VOCAB // 3}"):
+        out = generate(
+            t, registry.build(f"dflash:{tmp_path / 'd'}{options}"), prompts, k=k, max_new_tokens=20
+        )
+        assert [r.token_ids for r in out] == [r.token_ids for r in ar], options
 
 
-@pytest.mark.parametrize("options", ["", ":min_prob=0.4"])
+@pytest.mark.parametrize("options", ["", ":min_prob=0.4", ":vocab=6"])
 def test_sampling_with_dflash_keeps_target_law(tmp_path, options):
     vocab = 12
     t = tiny_target("llama", seed=3, scale=8.0, vocab=vocab)
@@ -123,6 +160,7 @@ def test_sampling_with_dflash_keeps_target_law(tmp_path, options):
         t.model.config, layers=1, block_size=4, mask_token_id=vocab - 1, target_layer_ids=[0, 1]
     )
     DFlashModel(cfg, t.model.get_input_embeddings(), t.model.get_output_embeddings()).save(tmp_path / "d")
+    vocab_order.save(tmp_path / "d", torch.arange(vocab).flip(0), as_json=True)  # for vocab=6: ids 11..6
     prompt = [1, 5, 7]
     rows = 2000
     spec = generate(
@@ -140,7 +178,7 @@ def test_sampling_with_dflash_keeps_target_law(tmp_path, options):
     assert stats.tau > 1.0  # some drafts were accepted, so the accept path is exercised
     # Each row drafts one token (the budget leaves room for one); the cut at max q < 0.4 drops some.
     drafted = stats.draft_tokens / rows
-    assert drafted == 1.0 if not options else 0.1 < drafted < 0.9
+    assert drafted == 1.0 if "min_prob" not in options else 0.1 < drafted < 0.9
     # Tolerance: two independent samples of 2000 over 12 outcomes differ by TV ~0.05 on average.
     for pos in range(3):
         a = torch.bincount(torch.tensor([r.token_ids[pos] for r in spec]), minlength=vocab).float() / rows

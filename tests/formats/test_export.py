@@ -17,6 +17,7 @@ from draftsmith.drafters.dflash import DFlashModel, load_dflash, make_config
 from draftsmith.drafters.eagle3 import Eagle3Model
 from draftsmith.drafters.eagle3 import make_config as eagle3_config
 from draftsmith.fileio import atomic_dir, atomic_write_text
+from draftsmith.formats import vocab_order
 from draftsmith.formats.export import export
 from draftsmith.formats.kind import speculator_kind
 
@@ -53,8 +54,11 @@ def _load(t, path):
 @pytest.mark.parametrize("fmt", ["sglang", "vllm"])
 def test_dflash_round_trips_bit_exact(tmp_path, fmt):
     t, src = _dflash(tmp_path, torch.bfloat16)
+    vocab_order.save(src, torch.arange(t.vocab_size).flip(0), as_json=True)
     what, serve = export(src, tmp_path / "out", fmt)
     dst = tmp_path / "out"
+    assert torch.equal(vocab_order.load(dst), vocab_order.load(src))  # `dflash:OUT:vocab=N` works too
+    assert [f.name for f in dst.glob("*.safetensors")] == ["model.safetensors"]
     assert what == "DFlash" and speculator_kind(dst) == "dflash"
     a, b = load_file(str(src / "model.safetensors")), load_file(str(dst / "model.safetensors"))
     assert a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in a)

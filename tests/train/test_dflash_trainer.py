@@ -15,6 +15,7 @@ from train_fixtures import files, read_metrics, run_args, sharp_target  # noqa: 
 from draftsmith.decoding.engine import DecodeStats, generate
 from draftsmith.drafters import registry
 from draftsmith.drafters.dflash import load_dflash
+from draftsmith.formats import vocab_order
 from draftsmith.target.model import load_target
 from draftsmith.train import checkpoint
 from draftsmith.train.dflash_cli import main
@@ -57,6 +58,8 @@ def test_overfit_loss_decreases_and_engine_tau(sharp_target, files, tmp_path):
         )),
     }  # fmt: skip
     vocab = cfg["vocab_size"]
+    order = vocab_order.load(out)  # JSON: vLLM would load a second *.safetensors as weights
+    assert (out / vocab_order.JSON).is_file() and sorted(order.tolist()) == list(range(vocab))
     emb = torch.nn.Embedding(vocab, 64)
     assert load_dflash(out, emb, torch.nn.Linear(64, vocab)).fc.weight.dtype == torch.float32
 

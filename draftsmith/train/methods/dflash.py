@@ -11,9 +11,7 @@ from draftsmith.drafters import dflash
 from draftsmith.errors import UserError
 from draftsmith.train import distributed
 from draftsmith.train.config import DFlashSettings, TrainConfig
-from draftsmith.train.data import (
-    pack,
-)
+from draftsmith.train.data import pack, token_ranking
 from draftsmith.train.dflash_objective import anchor_seed, dflash_loss, sample_blocks
 from draftsmith.train.methods.common import (
     batch_features,
@@ -82,6 +80,7 @@ class DFlashMethod:
             if s.norm_init == "scaled":
                 dflash.scale_output_norm(self.model)
         self.store = open_store(cfg, examples, self.layers)
+        self.vocab_order = token_ranking(examples, target.vocab_size)  # saved for `dflash:PATH:vocab=N`
 
     def forward_backward(
         self, examples, ids: list[int], step: int, autocast, train: bool = True
@@ -116,6 +115,7 @@ class DFlashMethod:
         m = self.model
         out = dflash.DFlashModel(m.config, m.embed_tokens, m.lm_head)
         out.load_state_dict(m.state_dict())
+        out.vocab_order = self.vocab_order
         return out.to(dtype)
 
     def info(self) -> dict:
