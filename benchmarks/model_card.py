@@ -22,9 +22,13 @@ from draftsmith.bench.runner import method_k
 from draftsmith.drafters.registry import hybrid_sides
 
 
+def _files(folder: Path) -> list[Path]:
+    """What an engine or draftsmith loads: weights, configs, records, a token ranking."""
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix in (".safetensors", ".json"))
+
+
 def _size_mb(folder: Path) -> float:
-    files = [p for p in folder.iterdir() if p.is_file() and p.suffix in (".safetensors", ".json")]
-    return sum(p.stat().st_size for p in files) / 1e6
+    return sum(p.stat().st_size for p in _files(folder)) / 1e6
 
 
 def bench_rows(folder: Path, benches: list[Path]) -> list[tuple[dict, dict, dict]]:
@@ -90,7 +94,7 @@ def card(folder: Path, benches: list[Path], data_note: str) -> str:
         f"`draftsmith bench --drafters {spec}:{folder}` or `draftsmith serve --drafter {spec}:{folder}`.",
         "",
         "## Model",
-        f"- files: {_size_mb(folder):.1f} MB (config.json, weights, draftsmith.json)",
+        f"- files: {_size_mb(folder):.1f} MB ({', '.join(p.name for p in _files(folder))})",
         f"- architecture: {arch}",
     ]
     for key in ("draft_vocab_size", "feature_layers", "block_size", "init", "ttt_steps", "init_layers"):
