@@ -149,7 +149,8 @@ class DFlashFactory(FactoryBase):
         self.model = load_dflash(self.path, embed, head, dtype=target.dtype).to(target.device)
         use_fast_linear(self.model)  # the block's products, as the target's (its head is the target's)
         if self.vocab:
-            self.head_rows = vocab_order.head_rows("dflash", self.path, self.vocab, target.vocab_size)
+            rows = vocab_order.head_rows("dflash", self.path, self.vocab, target.vocab_size)
+            self.head_rows = rows.to(head.weight.device)  # indexed by the argmax, on the draft's device
             self.head = _cut_head(head.weight, self.head_rows)
         if available(self.model):
             self.fast = FastDFlash(self.model)  # packed and compiled (see dflash_fast.py)
@@ -173,7 +174,7 @@ class DFlashFactory(FactoryBase):
 def _cut_head(weight: torch.Tensor, rows: torch.Tensor) -> nn.Linear:
     """A bias-free head holding `weight`'s `rows` (a copy: the target's head stays whole)."""
     head = nn.Linear(weight.shape[1], len(rows), bias=False, device=weight.device, dtype=weight.dtype)
-    head.weight.copy_(weight[rows.to(weight.device)])
+    head.weight.copy_(weight[rows])
     head.requires_grad_(False)
     use_fast_linear(head)
     return head
