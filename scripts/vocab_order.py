@@ -24,6 +24,8 @@ def main() -> None:
     p.add_argument("--target", help="default: the target_spec in the folder's draftsmith.json")
     p.add_argument("--max-len", type=int, default=2048)
     a = p.parse_args()
+    if not (a.folder / "draftsmith.json").is_file():
+        p.error(f"{a.folder} has no draftsmith.json: give a speculator folder draftsmith trained")  # exit 2
     meta = json.loads((a.folder / "draftsmith.json").read_text())
     target = load_target(a.target or meta["target_spec"], "float32")
     records = load_conversations(a.data or meta["data"])

@@ -43,6 +43,7 @@ from draftsmith.drafters.draft_kv import DraftKV
 from draftsmith.drafters.options import check_probability, split_path_options
 from draftsmith.errors import UserError
 from draftsmith.formats import vocab_order
+from draftsmith.target.model import linear_rows
 from draftsmith.target.packed import use_fast_linear
 
 if TYPE_CHECKING:
@@ -151,7 +152,8 @@ class DFlashFactory(FactoryBase):
         if self.vocab:
             rows = vocab_order.head_rows("dflash", self.path, self.vocab, target.vocab_size)
             self.head_rows = rows.to(head.weight.device)  # indexed by the argmax, on the draft's device
-            self.head = _cut_head(head.weight, self.head_rows)
+            self.head = linear_rows(head, self.head_rows)  # a copy: the target's head stays whole
+            use_fast_linear(self.head)
         if available(self.model):
             self.fast = FastDFlash(self.model)  # packed and compiled (see dflash_fast.py)
         self.needs_features = tuple(self.model.target_layer_ids)
@@ -168,16 +170,6 @@ class DFlashFactory(FactoryBase):
         if self.model is None:
             raise RuntimeError("DFlashFactory.bind(target, sampling) must run before drafting")
         return DFlashDrafter(self)
-
-
-@torch.no_grad()
-def _cut_head(weight: torch.Tensor, rows: torch.Tensor) -> nn.Linear:
-    """A bias-free head holding `weight`'s `rows` (a copy: the target's head stays whole)."""
-    head = nn.Linear(weight.shape[1], len(rows), bias=False, device=weight.device, dtype=weight.dtype)
-    head.weight.copy_(weight[rows])
-    head.requires_grad_(False)
-    use_fast_linear(head)
-    return head
 
 
 def build(arg: str | None) -> DFlashFactory:

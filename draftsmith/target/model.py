@@ -127,12 +127,7 @@ class Target:
         head is 28M of a 5-layer draft's 46M weights); the engine never restricts a target."""
         full = self.model.get_output_embeddings()
         rows = rows.to(full.weight.device)
-        head = torch.nn.Linear(full.in_features, len(rows), bias=full.bias is not None)
-        head.to(full.weight.device, full.weight.dtype).requires_grad_(False)
-        head.weight.data.copy_(full.weight.data[rows])
-        if full.bias is not None:
-            head.bias.data.copy_(full.bias.data[rows])
-        self.head, self._head_rows = head, rows
+        self.head, self._head_rows = linear_rows(full, rows), rows
         if self._lean is not None:
             self._lean.restrict_head(rows)
 
@@ -303,6 +298,16 @@ def _eos_ids(model: PreTrainedModel, tokenizer) -> set[int]:
             continue
         ids.update(eos if isinstance(eos, list | tuple) else [eos])
     return ids
+
+
+def linear_rows(full: torch.nn.Linear, rows: torch.Tensor) -> torch.nn.Linear:
+    """A frozen copy of `full` holding only its output rows `rows` (on its device), in that order."""
+    head = torch.nn.Linear(full.in_features, len(rows), bias=full.bias is not None)
+    head.to(full.weight.device, full.weight.dtype).requires_grad_(False)
+    head.weight.data.copy_(full.weight.data[rows])
+    if full.bias is not None:
+        head.bias.data.copy_(full.bias.data[rows])
+    return head
 
 
 def load_target(spec: str, dtype: str = "auto", device: str = "cpu", quantize: str = "none") -> Target:
