@@ -27,6 +27,10 @@ df="dflash:${spec}/smollm2-135m-dflash"
 # DFlash over the 16,384 tokens most frequent in its training data (vocab_order.json): a third of
 # the head it reads for every slot; they hold 96% of the v3 held-out answers' tokens.
 df_cut="${df}:vocab=16384"
+# The same block verified as a tree of the 16 likeliest paths through each slot's 3 best tokens,
+# over the cut head (4 chat prompts x 128, stage-4 weights: chain tau 1.76 1.21x; topk=2 size=12
+# 1.96 1.19x; topk=4 size=24 2.26 1.08x; topk=3 size=16 vocab=16384 2.14 1.23x).
+df_tree="dflash-tree:${spec}/smollm2-135m-dflash:topk=3:size=16:vocab=16384"
 mtp="mtp:${spec}/smollm2-135m-mtp@3"
 hybrid="suffix:min_score=2+${e3}:min_prob=0.2"
 draftlm="draft:${spec}/smollm2-135m-draftlm"
@@ -83,7 +87,7 @@ for part in ${parts}; do
         [[ ${part} == learned-t1 ]] && temp=(--temperature 1 --seed 0) t=t1
         for w in ${workloads}; do
             run "speculators-learned-${w}-${t}" --workload "${w}" "${temp[@]}" \
-                --drafters "ar,ngram,suffix,${e3},${df},${df_cut},suffix:min_score=2+${e3},suffix:min_score=2+${df}"
+                --drafters "ar,ngram,suffix,${e3},${df},${df_cut},${df_tree},suffix:min_score=2+${e3},suffix:min_score=2+${df},suffix:min_score=2+${df_tree}"
         done
         ;;
     draftlm|draftlm-t1)
@@ -104,7 +108,7 @@ for part in ${parts}; do
         # drafters, without rerunning the other speculators (their taus are in the learned tables).
         for w in ${workloads}; do
             run "speculators-dflash-${w}-t0" --workload "${w}" \
-                --drafters "ar,ngram,suffix,${df},${df_cut},suffix:min_score=2+${df}"
+                --drafters "ar,ngram,suffix,${df},${df_cut},${df_tree},suffix:min_score=2+${df},suffix:min_score=2+${df_tree}"
         done
         ;;
     fp32)

@@ -27,10 +27,18 @@ the draft alone, so it stays exact.
 head read for every slot of every block shrinks by V/N (SmolLM2: 49,152 rows, 56 MB in bf16, a third
 of a block's drafting time). A token outside those N is never drafted; verification is unchanged,
 so the output stays exact.
+
+`dflash-tree:PATH[:topk=4][:size=24]` verifies a tree instead of one chain, built from the same
+single block forward: slot j's `topk` most likely tokens are the candidates at depth j, under every
+kept node of depth j-1 (the slots are predicted in parallel from the anchor, so a slot's candidates
+do not depend on the path above them, as with Medusa heads). The `size` nodes of highest summed
+log-probability are kept; drafting costs what the chain costs, verification reads `size` + 1
+positions. Trees are deterministic drafts, exact at any temperature (`verify_tree`).
 """
 
 from __future__ import annotations
 
+import heapq
 from typing import TYPE_CHECKING
 
 import torch
@@ -62,6 +70,7 @@ class DFlashDrafter:
         self.min_prob = factory.min_prob
         self.fast = factory.fast
         self.head, self.head_rows = factory.head, factory.head_rows  # None: the target's whole head
+        self.tree = factory.tree
 
     def start(self, prompt_ids: list[int], features: torch.Tensor | None) -> None:
         self.last = prompt_ids[-1]
@@ -110,6 +119,10 @@ class DFlashDrafter:
         if self.last is None or k <= 0 or self.length == 0:
             return Draft(tokens=[])
         logits = self.block_logits()[:k]
+        if self.tree is not None:
+            top = torch.topk(torch.log_softmax(logits.float(), -1), min(self.tree[0], logits.shape[-1]))
+            tokens, parents = slot_tree(top.values.tolist(), self._ids(top.indices), self.tree[1])
+            return Draft(tokens=tokens, parents=parents)
         if not self.min_prob:
             return Draft(tokens=self._ids(logits.argmax(-1)))
         # Over a cut head this is the probability among the kept tokens: a cut that trusts a little
@@ -120,8 +133,38 @@ class DFlashDrafter:
         return Draft(tokens=self._ids(tokens[:keep]))
 
     def _ids(self, rows: torch.Tensor) -> list[int]:
-        """Head rows -> target token ids."""
+        """Head rows -> target token ids (nested lists for a 2-d `rows`)."""
         return (rows if self.head_rows is None else self.head_rows[rows]).tolist()
+
+
+def slot_tree(logp: list[list[float]], ids: list[list[int]], size: int) -> tuple[list[int], list[int]]:
+    """The `size` best nodes of the tree whose depth-j candidates are slot j's (`ids[j-1]`, with
+    log-probabilities `logp[j-1]`, best first) under every node of depth j-1; a node scores the sum
+    of its path's log-probabilities. Return (tokens, parents), parents first.
+
+    Children score at most their parent, so expanding best-first keeps the kept set closed under
+    ancestors; a node's children are pushed only when it is kept, so the heap stays small.
+
+    >>> slot_tree([[-0.1, -2.0], [-0.5, -1.0]], [[7, 8], [5, 6]], 3)
+    ([7, 5, 6], [-1, 0, 0])
+    """
+    heap = [(-lp, 0, rank, -1) for rank, lp in enumerate(logp[0])]  # (-score, depth-1, rank, parent)
+    tokens: list[int] = []
+    parents: list[int] = []
+    depth_of: list[int] = []
+    while heap and len(tokens) < size:
+        neg, slot, rank, parent = heapq.heappop(heap)
+        tokens.append(ids[slot][rank])
+        parents.append(parent)
+        depth_of.append(slot)
+        if slot + 1 < len(logp):
+            node = len(tokens) - 1
+            for r, lp in enumerate(logp[slot + 1]):
+                heapq.heappush(heap, (neg - lp, slot + 1, r, node))
+    # Parents first, by depth: the engine lays nodes out in the order given.
+    order = sorted(range(len(tokens)), key=lambda i: (depth_of[i], i))
+    index = {old: new for new, old in enumerate(order)}
+    return [tokens[i] for i in order], [index[parents[i]] if parents[i] >= 0 else -1 for i in order]
 
 
 class DFlashFactory(FactoryBase):
@@ -129,8 +172,12 @@ class DFlashFactory(FactoryBase):
 
     name = "dflash"
 
-    def __init__(self, path: str, min_prob: float = 0.0, vocab: int = 0) -> None:
+    def __init__(
+        self, path: str, min_prob: float = 0.0, vocab: int = 0, tree: tuple[int, int] | None = None
+    ) -> None:
         self.path = path
+        self.tree = tree  # (topk per slot, nodes kept) for dflash-tree; None: a chain
+        self.max_draft_tokens = 0 if tree is None else tree[1]
         self.min_prob = min_prob  # blocks are cut at the first slot the model gives less
         self.vocab = vocab  # 0: the target's whole head; else its rows for the `vocab` most frequent tokens
         self.model: DFlashModel | None = None
@@ -181,3 +228,14 @@ def build(arg: str | None) -> DFlashFactory:
     if o["vocab"] < 0:
         raise UserError(f"dflash option vocab={o['vocab']} must be a positive token count (or 0 for all)")
     return DFlashFactory(path, min_prob=check_probability("min_prob", o["min_prob"]), vocab=int(o["vocab"]))
+
+
+def build_tree(arg: str | None) -> DFlashFactory:
+    """`dflash-tree:PATH[:topk=4][:size=24][:vocab=0]`: one block per step, verified as a tree of
+    the `size` likeliest paths through each slot's `topk` candidates."""
+    if not arg:
+        raise UserError("dflash-tree needs a checkpoint: use dflash-tree:PATH[:topk=4][:size=24][:vocab=N]")
+    path, o = split_path_options(arg, {"topk": 4, "size": 24, "vocab": 0})
+    if o["topk"] < 1 or o["size"] < 1 or o["vocab"] < 0:
+        raise UserError("dflash-tree options topk and size must be positive, vocab a token count (0 for all)")
+    return DFlashFactory(path, vocab=int(o["vocab"]), tree=(int(o["topk"]), int(o["size"])))

@@ -22,6 +22,7 @@ AR = "ar"
 # spec names it, so `ngram` never loads torch models and the drafters never import this table.
 BUILDERS: dict[str, tuple[str, str]] = {
     "dflash": ("draftsmith.drafters.dflash_drafter", "build"),
+    "dflash-tree": ("draftsmith.drafters.dflash_drafter", "build_tree"),
     "draft": ("draftsmith.drafters.draft_lm", "build"),
     "eagle3": ("draftsmith.drafters.eagle3_drafter", "build"),
     "eagle3-tree": ("draftsmith.drafters.eagle3_drafter", "build_tree"),

@@ -20,6 +20,7 @@ TRAINED = [
     ("dflash:{}/smollm2-135m-dflash", 7),
     ("dflash:{}/smollm2-135m-dflash", 3),
     ("dflash:{}/smollm2-135m-dflash:vocab=16384", 7),
+    ("dflash-tree:{}/smollm2-135m-dflash:topk=3:size=16:vocab=16384", 7),
     ("mtp:{}/smollm2-135m-mtp", 3),
     ("suffix:min_score=2+eagle3:{}/smollm2-135m-eagle3:min_prob=0.2", 7),
     ("suffix:min_score=2+dflash:{}/smollm2-135m-dflash", 7),

@@ -9,7 +9,9 @@ from tiny import VOCAB, random_prompts, tiny_target
 from draftsmith.decoding.engine import DecodeStats, generate
 from draftsmith.decoding.sampling import SamplingParams
 from draftsmith.drafters import registry
+from draftsmith.drafters.base import node_depths
 from draftsmith.drafters.dflash import DFlashModel, make_config
+from draftsmith.drafters.dflash_drafter import slot_tree
 from draftsmith.errors import UserError
 from draftsmith.formats import vocab_order
 
@@ -136,6 +138,69 @@ def test_a_cut_head_needs_the_saved_ranking(tmp_path):
         registry.build(f"dflash:{tmp_path / 'd'}:vocab=-1")
 
 
+def test_tree_holds_the_likeliest_paths_through_the_slots(tmp_path):
+    t = tiny_target("llama")
+    make_drafter(t, tmp_path / "d", block_size=8)
+    prompt = random_prompts(1, seed=5)[0]
+    drafts = {}
+    for spec in ("dflash:{}", "dflash-tree:{}:topk=1:size=30", "dflash-tree:{}:topk=3:size=12"):
+        f = registry.build(spec.format(tmp_path / "d"))
+        f.bind(t, SamplingParams())
+        d = f()
+        d.start(prompt, _features(t, prompt, f.needs_features))
+        drafts[spec.split(":")[-1]] = d.propose(5)
+        logp = torch.log_softmax(d.block_logits()[:5].float(), -1)
+    chain, one, tree = drafts["{}"], drafts["size=30"], drafts["size=12"]
+    assert one.tokens == chain.tokens and one.parents == [-1, 0, 1, 2, 3]  # topk=1: the chain itself
+    assert len(tree) == 12 and tree.depth <= 5 and f.max_draft_tokens == 12
+    depths = node_depths(tree.parents)
+    top3 = torch.topk(logp, 3).indices.tolist()
+    scores = []
+    for i, tok in enumerate(tree.tokens):
+        assert tok in top3[depths[i] - 1]  # each node is one of its slot's 3 best
+        parent = tree.parents[i]
+        scores.append(float(logp[depths[i] - 1, tok]) + (scores[parent] if parent >= 0 else 0.0))
+    # Kept: the 12 best of every path through the slots' 3 best (3 + 9 + ... + 243 of them).
+    top = torch.topk(logp, 3).values.tolist()
+    every = list(top[0])
+    level = list(top[0])
+    for slot in top[1:]:
+        level = [a + b for a in level for b in slot]
+        every += level
+    assert sorted(scores, reverse=True) == pytest.approx(sorted(every, reverse=True)[:12])
+    assert tree.tokens[0] == chain.tokens[0] and tree.parents[0] == -1
+
+
+def test_slot_tree_keeps_the_best_scores_in_order():
+    logp = [[-0.1, -1.0, -3.0], [-0.2, -0.4, -5.0], [-0.3, -2.5, -2.6]]
+    ids = [[10, 11, 12], [20, 21, 22], [30, 31, 32]]
+    tokens, parents = slot_tree(logp, ids, 6)
+    # Paths by score: 10 (-0.1), 10-20 (-0.3), 10-21 (-0.5), 10-20-30 (-0.6), 10-21-30 (-0.8), 11 (-1.0)
+    assert tokens == [10, 11, 20, 21, 30, 30] and parents == [-1, -1, 0, 0, 2, 3]
+    assert slot_tree(logp, ids, 100)[0].count(30) == 9  # one under each depth-2 node
+    assert len(slot_tree(logp, ids, 100)[0]) == 39
+
+
+def test_tree_options_are_checked(tmp_path):
+    for spec in ("dflash-tree", "dflash-tree:x:topk=0", "dflash-tree:x:size=0", "dflash-tree:x:vocab=-2"):
+        with pytest.raises(UserError, match="dflash-tree"):
+            registry.build(spec)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_greedy_with_dflash_tree_equals_plain(tmp_path, kind):
+    t = tiny_target(kind)
+    make_drafter(t, tmp_path / "d", kind=kind, block_size=8)
+    prompts = random_prompts(3, seed=2)
+    vocab_order.save(tmp_path / "d", torch.randperm(VOCAB, generator=torch.Generator().manual_seed(2)), True)
+    ar = generate(t, None, prompts, max_new_tokens=20)
+    for options in (":topk=3:size=10", f":topk=2:size=6:vocab={VOCAB // 3}"):
+        out = generate(
+            t, registry.build(f"dflash-tree:{tmp_path / 'd'}{options}"), prompts, k=7, max_new_tokens=20
+        )
+        assert [r.token_ids for r in out] == [r.token_ids for r in ar], options
+
+
 @pytest.mark.parametrize("kind", ["llama", "qwen3", "qwen3_5"])
 @pytest.mark.parametrize("k", [2, 15])
 def test_greedy_with_dflash_equals_plain(tmp_path, kind, k):
@@ -151,7 +216,7 @@ def test_greedy_with_dflash_equals_plain(tmp_path, kind, k):
         assert [r.token_ids for r in out] == [r.token_ids for r in ar], options
 
 
-@pytest.mark.parametrize("options", ["", ":min_prob=0.4", ":vocab=6"])
+@pytest.mark.parametrize("options", ["", ":min_prob=0.4", ":vocab=6", "tree:topk=3:size=6"])
 def test_sampling_with_dflash_keeps_target_law(tmp_path, options):
     vocab = 12
     t = tiny_target("llama", seed=3, scale=8.0, vocab=vocab)
@@ -163,9 +228,10 @@ def test_sampling_with_dflash_keeps_target_law(tmp_path, options):
     vocab_order.save(tmp_path / "d", torch.arange(vocab).flip(0), as_json=True)  # for vocab=6: ids 11..6
     prompt = [1, 5, 7]
     rows = 2000
+    name, tree_options = ("dflash-tree", options[4:]) if options.startswith("tree") else ("dflash", options)
     spec = generate(
         t,
-        registry.build(f"dflash:{tmp_path / 'd'}{options}"),
+        registry.build(f"{name}:{tmp_path / 'd'}{tree_options}"),
         [prompt] * rows,
         k=3,
         sampling=SamplingParams(temperature=1.0, seed=7),
@@ -178,7 +244,10 @@ def test_sampling_with_dflash_keeps_target_law(tmp_path, options):
     assert stats.tau > 1.0  # some drafts were accepted, so the accept path is exercised
     # Each row drafts one token (the budget leaves room for one); the cut at max q < 0.4 drops some.
     drafted = stats.draft_tokens / rows
-    assert drafted == 1.0 if "min_prob" not in options else 0.1 < drafted < 0.9
+    if "min_prob" in options:
+        assert 0.1 < drafted < 0.9
+    else:  # a chain drafts its one token; a tree its slot-1 candidates (depth 1 is all that fits)
+        assert drafted == (3.0 if "tree" in options else 1.0)
     # Tolerance: two independent samples of 2000 over 12 outcomes differ by TV ~0.05 on average.
     for pos in range(3):
         a = torch.bincount(torch.tensor([r.token_ids[pos] for r in spec]), minlength=vocab).float() / rows
