@@ -54,6 +54,17 @@ def node_depths(parents: list[int]) -> list[int]:
     return depths
 
 
+def parents_first(keep: list[int], tokens: list[int], parents: list[int], depths: list[int]) -> Draft:
+    """The tree of nodes `keep` (indices into the other lists, closed under ancestors; parents index
+    the same lists, -1 for the root's children) as a Draft laid out by depth, parents renumbered."""
+    order = sorted(keep, key=lambda i: (depths[i], i))
+    index = {old: new for new, old in enumerate(order)}
+    return Draft(
+        tokens=[tokens[i] for i in order],
+        parents=[index[parents[i]] if parents[i] >= 0 else -1 for i in order],
+    )
+
+
 @runtime_checkable
 class Drafter(Protocol):
     # Target layer ids whose hidden states this drafter consumes; () for training-free drafters.

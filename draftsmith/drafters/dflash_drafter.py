@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from draftsmith.drafters.base import Draft, FactoryBase
+from draftsmith.drafters.base import Draft, FactoryBase, parents_first
 from draftsmith.drafters.dflash import DFlashModel, load_dflash
 from draftsmith.drafters.dflash_fast import FastDFlash, available
 from draftsmith.drafters.draft_kv import DraftKV
@@ -161,10 +161,8 @@ def slot_tree(logp: list[list[float]], ids: list[list[int]], size: int) -> tuple
             node = len(tokens) - 1
             for r, lp in enumerate(logp[slot + 1]):
                 heapq.heappush(heap, (neg - lp, slot + 1, r, node))
-    # Parents first, by depth: the engine lays nodes out in the order given.
-    order = sorted(range(len(tokens)), key=lambda i: (depth_of[i], i))
-    index = {old: new for new, old in enumerate(order)}
-    return [tokens[i] for i in order], [index[parents[i]] if parents[i] >= 0 else -1 for i in order]
+    tree = parents_first(list(range(len(tokens))), tokens, parents, depth_of)
+    return tree.tokens, tree.parents
 
 
 class DFlashFactory(FactoryBase):

@@ -20,7 +20,7 @@ import itertools
 import torch
 
 from draftsmith.decoding.sampling import SamplingParams, draft_generator
-from draftsmith.drafters.base import Draft, FactoryBase
+from draftsmith.drafters.base import Draft, FactoryBase, parents_first
 from draftsmith.drafters.draft_kv import causal_mask
 from draftsmith.drafters.eagle3 import Eagle3Model, load_eagle3
 from draftsmith.drafters.feature_chain import FeatureChainDrafter
@@ -109,12 +109,8 @@ class Eagle3Drafter(FeatureChainDrafter):
             while p >= 0 and p not in kept:
                 kept.add(p)
                 p = nodes[p][1]
-        order = sorted(kept, key=lambda i: (nodes[i][3], i))
-        index = {old: new for new, old in enumerate(order)}
-        return Draft(
-            tokens=[nodes[i][0] for i in order],
-            parents=[index[nodes[i][1]] if nodes[i][1] >= 0 else -1 for i in order],
-        )
+        token, parent, _, depth = zip(*nodes, strict=True)
+        return parents_first(list(kept), list(token), list(parent), list(depth))
 
     def _tree_mask(self, fed: list[int], nodes, slot_of: dict[int, int], base: int) -> torch.Tensor:
         """[1, 1, F, base + F]: committed draft positions, each node's fed ancestors, and itself."""
